@@ -1,0 +1,270 @@
+#pragma once
+// Host backend, step 1-2: admit the tokens the engine appended and record
+// what this step's attention says about every cached token.
+//
+// observe_probabilities: the engine hands over attention probabilities.
+// observe_queries: the library recomputes them from the queries and the
+//   cached keys, with the attention kernel's log-sum-exp when given (one read
+//   of K) or its own normaliser (two reads).
+// Both admit new tokens first (slots tracked..length-1 get the next
+// positions); with a static observation policy (key_norm, recency,
+// random_score) that is all they do. Neither allocates; both validate every
+// argument, data included, before writing anything.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "../attention_view.hpp"
+#include "../detail/validate.hpp"
+#include "../element.hpp"
+#include "../eviction_state.hpp"
+#include "../kv_view.hpp"
+#include "../paged_kv_view.hpp"
+#include "../policy/eviction_policy.hpp"
+
+namespace scissorhands::host {
+
+// Queries per KV head above which observe refuses (keeps per-query scratch on the stack).
+inline constexpr std::int32_t max_group_size = 128;
+
+namespace detail {
+using namespace scissorhands::detail;
+
+template <class T>
+void validate_cache(const char* fn, const kv_view<T, memory_space::host>& cache) {
+  validate_shape(fn, cache);
+}
+template <class T>
+void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& cache) {
+  validate_shape(fn, cache);
+  validate_page_table(fn, cache);
+}
+
+// Everything observe and compress check before touching memory: the cache,
+// the settings, the state, and per sequence 0 <= tracked <= length <= capacity.
+template <class Policy, class View>
+void validate_common(const char* fn, const Policy& policy, const View& cache,
+                     const eviction_state<memory_space::host>& state) {
+  validate_cache(fn, cache);
+  validate_settings(fn, policy);
+  validate_state_matches(fn, policy, cache, state);
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    require(len >= 0 && len <= cache.capacity_of(b), fn, "cache length", " of sequence ", b, " must be in [0, ",
+            cache.capacity_of(b), "], got ", len);
+    require(state.tracked[b] >= 0 && state.tracked[b] <= len, fn, "cache length",
+            " of sequence ", b, " is ", len, ", below the ", state.tracked[b],
+            " tokens the state tracks: tokens were removed without compress (reset_sequence to start over)");
+    require(state.next_position[b] >= 0 &&
+                std::int64_t{state.next_position[b]} + (len - state.tracked[b]) <= std::numeric_limits<std::int32_t>::max(),
+            fn, "state.next_position", "[", b, "] = ", state.next_position[b], " leaves no int32 position for ",
+            len - state.tracked[b], " new tokens");
+  }
+}
+
+// Gives the new tokens of every sequence their positions and fresh state.
+template <class Policy, class View>
+void admit(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state) {
+  using Obs = typename Policy::observation;
+  const std::int32_t words = state.shape.ring_words;
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t first = state.tracked[b];
+    const std::int32_t len = cache.length(b);
+    for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
+      for (std::int32_t t = first; t < len; ++t) {
+        const std::int64_t i = state.index(b, h, t);
+        const std::int32_t position = state.next_position[b] + (t - first);
+        state.positions[i] = position;
+        if constexpr (Obs::needs_attention)
+          state.scores[i] = 0.0f;
+        else
+          state.scores[i] = Obs::static_score(cache.k_row(b, h, t), cache.head_dim, position, h, policy.config);
+        state.observed[i] = 0.0f;
+        if (words > 0) std::memset(state.ring_of(i), 0, sizeof(std::uint32_t) * static_cast<std::size_t>(words));
+      }
+    }
+    state.next_position[b] += len - first;
+    state.tracked[b] = len;
+  }
+}
+
+// Feeds one step's combined probability of slot t to its history.
+template <class Policy>
+inline void record(const Policy& policy, const eviction_state<memory_space::host>& state, std::int64_t i,
+                   std::int64_t step, float probability, std::int32_t visible) {
+  using Obs = typename Policy::observation;
+  const float c = Obs::contribution(probability, visible, policy.config);
+  Policy::history::update(state.scores[i], state.observed[i], state.ring_of(i), step, c, policy.config, Obs::binary);
+}
+
+template <class View>
+void validate_queries_shape(const char* fn, const View& cache, std::int32_t q_heads, std::int32_t q_len) {
+  require(q_heads > 0, fn, "q_heads", "must be positive, got ", q_heads);
+  require(q_heads % cache.kv_heads == 0, fn, "q_heads", "must be a multiple of cache.kv_heads = ", cache.kv_heads,
+          " (GQA group size), got ", q_heads);
+  require(q_heads / cache.kv_heads <= max_group_size, fn, "q_heads", "/ kv_heads must be at most ", max_group_size,
+          ", got ", q_heads / cache.kv_heads);
+  require(q_len > 0, fn, "q_len", "must be positive, got ", q_len);
+  for (std::int32_t b = 0; b < cache.batch; ++b)
+    require(q_len <= cache.length(b), fn, "q_len", "must not exceed the length of sequence ", b, " (",
+            cache.length(b), "): each query is a cached token, got ", q_len);
+}
+
+// Largest element index + 1 a strided (batch, heads, queries, columns) view reaches.
+inline std::int64_t reach(std::int64_t s0, std::int64_t e0, std::int64_t s1, std::int64_t e1, std::int64_t s2,
+                          std::int64_t e2, std::int64_t row) {
+  return layout_extent({s0, s1, s2}, {e0, e1, e2}, row);
+}
+
+}  // namespace detail
+
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                           probability_view<memory_space::host> probs) {
+  const char* fn = "host::observe_probabilities";
+  static_assert(View::space == memory_space::host, "host::observe_probabilities needs a host view");
+  detail::validate_common(fn, policy, cache, state);
+  using Obs = typename Policy::observation;
+  using Gqa = typename Policy::gqa;
+  if constexpr (Obs::needs_attention) {
+    detail::validate_queries_shape(fn, cache, probs.q_heads, probs.q_len);
+    detail::require(probs.data.data() != nullptr, fn, "probs.data", "must not be null");
+    std::int32_t max_len = 0;
+    for (std::int32_t b = 0; b < cache.batch; ++b) max_len = std::max(max_len, cache.length(b));
+    for (auto s : {probs.sequence_stride, probs.head_stride, probs.query_stride})
+      detail::require(s >= 0, fn, "probs strides", "must be non-negative, got ", s);
+    const std::int64_t need = detail::reach(probs.sequence_stride, cache.batch, probs.head_stride, probs.q_heads,
+                                            probs.query_stride, probs.q_len, max_len);
+    detail::require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ",
+                    probs.data.size(), " values but the view reaches ", need);
+    for (std::int32_t b = 0; b < cache.batch; ++b) {
+      const std::int32_t len = cache.length(b);
+      for (std::int32_t qh = 0; qh < probs.q_heads; ++qh)
+        for (std::int32_t j = 0; j < probs.q_len; ++j) {
+          const float* row = probs.row(b, qh, j);
+          const std::int32_t visible = len - probs.q_len + j + 1;
+          for (std::int32_t t = 0; t < visible; ++t)
+            detail::require(row[t] >= 0.0f && row[t] <= 1.001f, fn, "probs", "value at (sequence ", b, ", query head ",
+                            qh, ", query ", j, ", slot ", t, ") must be a probability in [0, 1], got ", row[t]);
+        }
+    }
+  }
+  detail::admit(policy, cache, state);
+  if constexpr (Obs::needs_attention) {
+    const std::int32_t group = probs.q_heads / cache.kv_heads;
+    for (std::int32_t b = 0; b < cache.batch; ++b) {
+      const std::int32_t len = cache.length(b);
+      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+        for (std::int32_t j = 0; j < probs.q_len; ++j) {
+          const std::int32_t visible = len - probs.q_len + j + 1;
+          const std::int64_t step = state.step[b] + j;
+          for (std::int32_t t = 0; t < visible; ++t) {
+            float acc = Gqa::identity();
+            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, probs.row(b, h * group + g, j)[t]);
+            detail::record(policy, state, state.index(b, h, t), step, Gqa::finish(acc, group), visible);
+          }
+        }
+      state.step[b] += probs.q_len;
+    }
+  }
+}
+
+// softmax_scale multiplies q.k before the softmax (1/sqrt(head_dim) when 0).
+template <class Policy, class View, class Q>
+  requires composed_policy<Policy>
+void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                     query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
+                     float softmax_scale = 0.0f) {
+  const char* fn = "host::observe_queries";
+  static_assert(View::space == memory_space::host, "host::observe_queries needs a host view");
+  using T = typename View::element_type;
+  static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
+  static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
+  detail::validate_common(fn, policy, cache, state);
+  using Obs = typename Policy::observation;
+  using Gqa = typename Policy::gqa;
+  const std::int32_t d = cache.head_dim;
+  if constexpr (Obs::needs_attention) {
+    detail::validate_queries_shape(fn, cache, queries.q_heads, queries.q_len);
+    detail::require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
+                    queries.head_dim);
+    detail::require(queries.data.data() != nullptr, fn, "queries.data", "must not be null");
+    for (auto s : {queries.sequence_stride, queries.head_stride, queries.query_stride})
+      detail::require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
+    const std::int64_t need = detail::reach(queries.sequence_stride, cache.batch, queries.head_stride,
+                                            queries.q_heads, queries.query_stride, queries.q_len, d);
+    detail::require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ",
+                    queries.data.size(), " values but the view reaches ", need);
+    detail::require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
+                    "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+    if (lse.present()) {
+      for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
+        detail::require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
+      const std::int64_t lneed = detail::reach(lse.sequence_stride, cache.batch, lse.head_stride, queries.q_heads,
+                                               lse.query_stride, queries.q_len, 1);
+      detail::require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
+                      " values but the view reaches ", lneed);
+      for (std::int32_t b = 0; b < cache.batch; ++b)
+        for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
+          for (std::int32_t j = 0; j < queries.q_len; ++j)
+            detail::require(std::isfinite(lse.natural(b, qh, j)), fn, "lse", "value at (sequence ", b,
+                            ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
+    }
+  }
+  detail::admit(policy, cache, state);
+  if constexpr (Obs::needs_attention) {
+    const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
+    const std::int32_t group = queries.q_heads / cache.kv_heads;
+    float norm[max_group_size];
+    const auto logit = [&](const Q* q, const T* k) {
+      float dot = 0.0f;
+      for (std::int32_t x = 0; x < d; ++x) dot = fmaf(to_float(q[x]), to_float(k[x]), dot);
+      return dot * scale;
+    };
+    for (std::int32_t b = 0; b < cache.batch; ++b) {
+      const std::int32_t len = cache.length(b);
+      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+        for (std::int32_t j = 0; j < queries.q_len; ++j) {
+          const std::int32_t visible = len - queries.q_len + j + 1;
+          for (std::int32_t g = 0; g < group; ++g) {
+            const std::int32_t qh = h * group + g;
+            if (lse.present()) {
+              norm[g] = lse.natural(b, qh, j);
+              continue;
+            }
+            // Own normaliser: max then sum of exp, the stable log-sum-exp.
+            float m = -std::numeric_limits<float>::infinity();
+            for (std::int32_t t = 0; t < visible; ++t) m = std::max(m, logit(queries.row(b, qh, j), cache.k_row(b, h, t)));
+            float sum = 0.0f;
+            for (std::int32_t t = 0; t < visible; ++t)
+              sum += std::exp(logit(queries.row(b, qh, j), cache.k_row(b, h, t)) - m);
+            norm[g] = m + std::log(sum);
+          }
+          const std::int64_t step = state.step[b] + j;
+          for (std::int32_t t = 0; t < visible; ++t) {
+            const T* k = cache.k_row(b, h, t);
+            float acc = Gqa::identity();
+            for (std::int32_t g = 0; g < group; ++g)
+              acc = Gqa::combine(acc, std::exp(logit(queries.row(b, h * group + g, j), k) - norm[g]));
+            detail::record(policy, state, state.index(b, h, t), step, Gqa::finish(acc, group), visible);
+          }
+        }
+      state.step[b] += queries.q_len;
+    }
+  }
+}
+
+// For static observation policies: admit new tokens (observe_* do the same).
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void admit(const Policy& policy, View cache, eviction_state<memory_space::host> state) {
+  const char* fn = "host::admit";
+  detail::validate_common(fn, policy, cache, state);
+  detail::admit(policy, cache, state);
+}
+
+}  // namespace scissorhands::host

@@ -1,0 +1,154 @@
+#pragma once
+// Non-owning view of a paged KV cache in FlashInfer's convention: a pool of
+// pages of page_size tokens, and per sequence b the pages
+// indices[indptr[b] .. indptr[b+1]) in order, the last one holding
+// last_page_len[b] tokens (1..page_size; 0 only for a sequence with no page).
+//
+// After compress, a sequence may need fewer pages. The library updates
+// last_page_len[b] for the pages it still uses and reports in freed_pages[b]
+// how many trailing pages of its list are now empty:
+// indices[indptr[b+1] - freed_pages[b] .. indptr[b+1]). The engine returns
+// them to its pool and shrinks indptr (release_freed_pages does this on the
+// host) before the next call.
+#include <cstdint>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "kv_layout.hpp"
+#include "span.hpp"
+
+namespace scissorhands {
+
+template <class T, memory_space Space>
+struct paged_kv_view {
+  using element_type = T;
+  static constexpr memory_space space = Space;
+
+  span<T, Space> k_pages;                  // the engine's key page pool
+  span<T, Space> v_pages;                  // the engine's value page pool
+  paged_layout k_layout;
+  paged_layout v_layout;
+  span<const std::int32_t, Space> indptr;  // batch + 1 entries
+  span<const std::int32_t, Space> indices; // page ids, indptr[batch] entries used
+  span<std::int32_t, Space> last_page_len; // batch entries; compress updates it
+  std::int32_t batch = 0;
+  std::int32_t kv_heads = 0;
+  std::int32_t head_dim = 0;
+  std::int32_t page_size = 0;
+  std::int32_t num_pages = 0;              // pages in the pool (bounds the ids)
+  std::int32_t max_pages_per_sequence = 0; // bounds every sequence's page count
+
+  SCISSORHANDS_HOST_DEVICE std::int32_t num_sequences() const { return batch; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t num_kv_heads() const { return kv_heads; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t row_size() const { return head_dim; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const { return max_pages_per_sequence * page_size; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t capacity_of(std::int32_t b) const { return pages_of(b) * page_size; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const {
+    const std::int32_t pages = pages_of(b);
+    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+  SCISSORHANDS_HOST_DEVICE T* k_row(std::int32_t b, std::int32_t h, std::int32_t t) const {
+    return k_pages.data() + k_layout.offset(indices[indptr[b] + t / page_size], h, t % page_size);
+  }
+  SCISSORHANDS_HOST_DEVICE T* v_row(std::int32_t b, std::int32_t h, std::int32_t t) const {
+    return v_pages.data() + v_layout.offset(indices[indptr[b] + t / page_size], h, t % page_size);
+  }
+  // Sets a sequence's length after compaction; returns how many trailing
+  // pages of its list no longer hold a token.
+  SCISSORHANDS_HOST_DEVICE std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
+    const std::int32_t kept = (new_length + page_size - 1) / page_size;
+    last_page_len[b] = kept == 0 ? 0 : new_length - (kept - 1) * page_size;
+    return pages_of(b) - kept;
+  }
+};
+
+template <class T>
+using host_paged_kv_view = paged_kv_view<T, memory_space::host>;
+template <class T>
+using device_paged_kv_view = paged_kv_view<T, memory_space::device>;
+
+template <class T, memory_space Space>
+paged_kv_view<T, Space> make_paged_kv_view(span<T, Space> k_pages, span<T, Space> v_pages,
+                                           span<const std::int32_t, Space> indptr,
+                                           span<const std::int32_t, Space> indices,
+                                           span<std::int32_t, Space> last_page_len, std::int32_t batch,
+                                           std::int32_t kv_heads, std::int32_t head_dim, std::int32_t page_size,
+                                           std::int32_t num_pages, std::int32_t max_pages_per_sequence,
+                                           bool hnd = false) {
+  const paged_layout l = hnd ? paged_layout::hnd(page_size, kv_heads, head_dim)
+                             : paged_layout::nhd(page_size, kv_heads, head_dim);
+  return {k_pages, v_pages, l, l, indptr, indices, last_page_len, batch, kv_heads, head_dim,
+          page_size, num_pages, max_pages_per_sequence};
+}
+
+namespace detail {
+
+template <class T, memory_space Space>
+void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
+  require(view.batch > 0, fn, "cache.batch", "must be positive, got ", view.batch);
+  require(view.kv_heads > 0, fn, "cache.kv_heads", "must be positive, got ", view.kv_heads);
+  require(view.head_dim > 0, fn, "cache.head_dim", "must be positive, got ", view.head_dim);
+  require(view.page_size > 0, fn, "cache.page_size", "must be positive, got ", view.page_size);
+  require(view.num_pages > 0, fn, "cache.num_pages", "must be positive, got ", view.num_pages);
+  require(view.max_pages_per_sequence > 0, fn, "cache.max_pages_per_sequence", "must be positive, got ",
+          view.max_pages_per_sequence);
+  require(std::int64_t{view.max_pages_per_sequence} * view.page_size <= INT32_MAX, fn,
+          "cache.max_pages_per_sequence", "times page_size must fit in int32, got ",
+          std::int64_t{view.max_pages_per_sequence} * view.page_size);
+  require(view.indptr.data() != nullptr, fn, "cache.indptr", "must not be null");
+  require(view.indptr.size() == static_cast<std::size_t>(view.batch) + 1, fn, "cache.indptr",
+          "must hold batch + 1 = ", view.batch + 1, " entries, got ", view.indptr.size());
+  require(view.last_page_len.data() != nullptr, fn, "cache.last_page_len", "must not be null");
+  require(view.last_page_len.size() == static_cast<std::size_t>(view.batch), fn, "cache.last_page_len",
+          "must hold batch = ", view.batch, " entries, got ", view.last_page_len.size());
+  const std::array<std::int64_t, 3> extents{view.num_pages, view.kv_heads, view.page_size};
+  const struct {
+    const char* name;
+    span<T, Space> data;
+    paged_layout layout;
+  } buffers[2] = {{"cache.k_pages", view.k_pages, view.k_layout}, {"cache.v_pages", view.v_pages, view.v_layout}};
+  for (const auto& buf : buffers) {
+    require(buf.data.data() != nullptr, fn, buf.name, "must not be null");
+    const std::array<std::int64_t, 3> strides{buf.layout.page_stride, buf.layout.head_stride,
+                                              buf.layout.token_stride};
+    for (auto s : strides)
+      require(s >= 0, fn, std::string(buf.name) + "_layout", "strides must be non-negative, got ", s);
+    require(strides_are_unique(strides, extents, view.head_dim), fn, std::string(buf.name) + "_layout",
+            "must map every (page, head, slot) row to its own ", view.head_dim,
+            " elements; strides (page ", strides[0], ", head ", strides[1], ", token ", strides[2], ") overlap");
+    const std::int64_t need = layout_extent(strides, extents, view.head_dim);
+    require(static_cast<std::uint64_t>(need) <= buf.data.size(), fn, buf.name, "holds ", buf.data.size(),
+            " elements but its layout reaches element ", need);
+  }
+  require(view.k_pages.data() != view.v_pages.data(), fn, "cache.v_pages", "must not alias cache.k_pages");
+}
+
+// Page-table checks that read the table (host memory only).
+template <class T>
+void validate_page_table(const char* fn, const paged_kv_view<T, memory_space::host>& view) {
+  require(view.indptr[0] == 0, fn, "cache.indptr", "must start at 0, got ", view.indptr[0]);
+  for (std::int32_t b = 0; b < view.batch; ++b) {
+    const std::int32_t pages = view.indptr[b + 1] - view.indptr[b];
+    require(pages >= 0, fn, "cache.indptr", "must be non-decreasing; indptr[", b + 1, "] = ", view.indptr[b + 1],
+            " < indptr[", b, "] = ", view.indptr[b]);
+    require(pages <= view.max_pages_per_sequence, fn, "cache.indptr", "gives sequence ", b, " ", pages,
+            " pages, above max_pages_per_sequence = ", view.max_pages_per_sequence);
+    const std::int32_t last = view.last_page_len[b];
+    if (pages == 0)
+      require(last == 0, fn, "cache.last_page_len", "[", b, "] must be 0 for a sequence with no page, got ", last);
+    else
+      require(last >= 1 && last <= view.page_size, fn, "cache.last_page_len", "[", b, "] must be in [1, page_size = ",
+              view.page_size, "], got ", last);
+  }
+  const std::int32_t used = view.indptr[view.batch];
+  require(static_cast<std::size_t>(used) <= view.indices.size(), fn, "cache.indices", "holds ",
+          view.indices.size(), " entries but indptr[batch] = ", used);
+  require(used == 0 || view.indices.data() != nullptr, fn, "cache.indices", "must not be null");
+  for (std::int32_t i = 0; i < used; ++i)
+    require(view.indices[i] >= 0 && view.indices[i] < view.num_pages, fn, "cache.indices", "[", i, "] = ",
+            view.indices[i], " is outside the pool [0, num_pages = ", view.num_pages, ")");
+}
+
+}  // namespace detail
+}  // namespace scissorhands

@@ -1,0 +1,48 @@
+#pragma once
+// One policy type composed at compile time from the four per-layer
+// policies, carrying the run-time settings.
+#include "concepts.hpp"
+#include "gqa.hpp"
+#include "history.hpp"
+#include "observation.hpp"
+#include "protector.hpp"
+#include "settings.hpp"
+
+namespace scissorhands {
+
+template <observation_policy Observation = threshold_indicator, history_policy History = sliding_window,
+          protector_policy Protector = recent_window, gqa_reduction Gqa = gqa_mean>
+struct eviction_policy {
+  using observation = Observation;
+  using history = History;
+  using protector = Protector;
+  using gqa = Gqa;
+  settings config{};
+
+  // 32-bit words of ring history each (sequence, head, slot) keeps.
+  constexpr std::int32_t ring_words() const { return History::ring_words(config, Observation::binary); }
+};
+
+// The paper's Scissorhands: count of steps a token was important, over the
+// last w steps.
+using scissorhands_policy = eviction_policy<threshold_indicator, sliding_window>;
+// H2O: accumulated attention mass since admission.
+using h2o_policy = eviction_policy<attention_mass, unbounded_history>;
+// StreamingLLM: sinks + most recent tokens (set settings.sinks).
+using streaming_policy = eviction_policy<recency, unbounded_history>;
+// The floor: evict uniformly at random (seeded, deterministic).
+using random_policy = eviction_policy<random_score, unbounded_history>;
+// Static key-norm scoring.
+using key_norm_policy = eviction_policy<key_norm, unbounded_history>;
+
+template <class P>
+concept composed_policy = requires(const P& p) {
+  typename P::observation;
+  typename P::history;
+  typename P::protector;
+  typename P::gqa;
+  { p.config } -> std::convertible_to<settings>;
+} && observation_policy<typename P::observation> && history_policy<typename P::history> &&
+                          protector_policy<typename P::protector> && gqa_reduction<typename P::gqa>;
+
+}  // namespace scissorhands

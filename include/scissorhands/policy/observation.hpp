@@ -1,0 +1,91 @@
+#pragma once
+// Observation policies: what one step's attention contributes to a token's
+// importance. Attention policies read probabilities; static policies give a
+// token its score once, when it is admitted, and need no attention at all.
+#include <cmath>
+#include <cstdint>
+
+#include "../config.hpp"
+#include "../element.hpp"
+#include "settings.hpp"
+
+namespace scissorhands {
+
+// H2O: the attention mass itself.
+struct attention_mass {
+  static constexpr const char* name = "attention_mass";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = false;  // contributions are real numbers
+  SCISSORHANDS_HOST_DEVICE static float contribution(float probability, std::int32_t visible, const settings&) {
+    (void)visible;
+    return probability;
+  }
+};
+
+// Scissorhands: 1 when the token was important at this step, i.e. its
+// probability reached alpha times the uniform average 1 / n_t.
+struct threshold_indicator {
+  static constexpr const char* name = "threshold_indicator";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = true;  // contributions are 0 or 1
+  SCISSORHANDS_HOST_DEVICE static float contribution(float probability, std::int32_t visible, const settings& s) {
+    return probability >= s.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
+  }
+};
+
+// Static: tokens with a small key norm tend to draw high attention, so the
+// score is -||k||_2 (the largest norms are evicted first). The sum runs over
+// the dimensions in order with fmaf, on the host and the device alike, so
+// both backends give the same bits.
+struct key_norm {
+  static constexpr const char* name = "key_norm";
+  static constexpr bool needs_attention = false;
+  static constexpr bool binary = false;
+  template <class T>
+  SCISSORHANDS_HOST_DEVICE static float static_score(const T* key, std::int32_t head_dim, std::int32_t position,
+                                                     std::int32_t head, const settings&) {
+    (void)position;
+    (void)head;
+    float sum = 0.0f;
+    for (std::int32_t d = 0; d < head_dim; ++d) {
+      const float x = to_float(key[d]);
+      sum = fmaf(x, x, sum);
+    }
+    return -sqrtf(sum);
+  }
+};
+
+// Static: every token scores the same, so the tie-break (older first) evicts
+// the oldest unprotected token: StreamingLLM's window when used with sinks.
+struct recency {
+  static constexpr const char* name = "recency";
+  static constexpr bool needs_attention = false;
+  static constexpr bool binary = false;
+  template <class T>
+  SCISSORHANDS_HOST_DEVICE static float static_score(const T*, std::int32_t, std::int32_t, std::int32_t,
+                                                     const settings&) {
+    return 0.0f;
+  }
+};
+
+// Static: a seeded hash of (position, head) in [0, 1): the floor any real
+// policy must beat. Deterministic, so both backends evict the same tokens.
+struct random_score {
+  static constexpr const char* name = "random_score";
+  static constexpr bool needs_attention = false;
+  static constexpr bool binary = false;
+  template <class T>
+  SCISSORHANDS_HOST_DEVICE static float static_score(const T*, std::int32_t, std::int32_t position,
+                                                     std::int32_t head, const settings& s) {
+    std::uint64_t x = (std::uint64_t{s.seed} << 32) ^ (std::uint64_t(std::uint32_t(head)) << 40) ^
+                      std::uint64_t(std::uint32_t(position));
+    // splitmix64 finaliser
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+  }
+};
+
+}  // namespace scissorhands

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the README's test command and what
+# CI runs. Stages: (1) install what is missing, (2) configure, build and run
+# CTest (CUDA tests compile; without a GPU they report "skipped"),
+# (3) the extra hardening stages in scripts/stages/, in name order.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+build=${SCISSORHANDS_BUILD_DIR:-build}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}"
+cmake --build "$build" -j "$(nproc)"
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+
+for stage in scripts/stages/*.sh; do
+  [ -e "$stage" ] || continue
+  echo "== stage: $stage"
+  bash "$stage"
+done
