@@ -1,0 +1,125 @@
+// Host observe at a decode step (q_len = 1) over a cache of `length` tokens.
+// observe does not depend on m; it runs once per generated token.
+//
+// Byte counts (logical bytes, each counted once per call):
+//   state: per (sequence, KV head, token) the score and observed count, and
+//          the one 32-bit word of the ring this step overwrites, each read
+//          and written: 3 * 4 * 2 = 24 bytes;
+//   observe_probabilities: + the probability rows, read once
+//          (batch * 32 query heads * length * 4 bytes; the validation pass
+//          reads them a second time, which is not counted);
+//   observe_queries: + the queries and K. K is read once with the kernel's
+//          log-sum-exp, three times without (max pass, sum pass, scoring
+//          pass, as host/observe.hpp does it), and counted as often.
+// items = (sequence, KV head, token) triples observed.
+#include <cmath>
+#include <vector>
+
+#include "bench_host.hpp"
+#include "fixture.hpp"
+
+namespace bench_host {
+namespace {
+
+constexpr std::size_t state_observe_bytes = 24;
+
+// Attention rows of a decode step: heavy-tailed (u^4), each row summing to 1.
+std::vector<float> make_probabilities(std::int32_t batch, std::int32_t length) {
+  std::vector<float> p(static_cast<std::size_t>(batch) * q_heads * length);
+  rng r(3);
+  for (std::size_t row = 0; row < p.size() / length; ++row) {
+    float* x = p.data() + row * length;
+    double sum = 0.0;
+    for (std::int32_t t = 0; t < length; ++t) {
+      const float u = r.uniform();
+      x[t] = u * u * u * u;
+      sum += x[t];
+    }
+    for (std::int32_t t = 0; t < length; ++t) x[t] = static_cast<float>(x[t] / sum);
+  }
+  return p;
+}
+
+void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_t length) {
+  const auto policy = scissorhands_with(1);
+  layer l = make_layer(policy, batch, length);
+  set_lengths(l, length);
+  const std::vector<float> p = make_probabilities(batch, length);
+  const auto probs = sh::probability_view<sh::memory_space::host>::dense(
+      sh::host_span<const float>(p.data(), p.size()), q_heads, 1, length);
+  sh::host::observe_probabilities(policy, l.cache, l.state, probs);  // admits every token, untimed
+  for (auto _ : st) {
+    sh::host::observe_probabilities(policy, l.cache, l.state, probs);
+    benchmark::ClobberMemory();
+  }
+  const auto tokens = static_cast<std::int64_t>(l.tokens());
+  st.SetItemsProcessed(st.iterations() * tokens);
+  st.SetBytesProcessed(st.iterations() *
+                       (tokens * static_cast<std::int64_t>(state_observe_bytes) +
+                        static_cast<std::int64_t>(p.size() * sizeof(float))));
+}
+
+void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse) {
+  const auto policy = scissorhands_with(1);
+  layer l = make_layer(policy, batch, length);
+  set_lengths(l, length);
+  std::vector<float> q(static_cast<std::size_t>(batch) * q_heads * head_dim);
+  rng r(4);
+  for (float& x : q) x = r.symmetric();
+  const auto queries =
+      sh::query_view<float, sh::memory_space::host>::dense(sh::host_span<const float>(q.data(), q.size()), q_heads,
+                                                           1, head_dim);
+  // The true natural log-sum-exp of each query's scaled logits, as the
+  // attention kernel would hand it over.
+  std::vector<float> lse_data(static_cast<std::size_t>(batch) * q_heads);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  for (std::int32_t b = 0; b < batch; ++b)
+    for (std::int32_t qh = 0; qh < q_heads; ++qh) {
+      std::vector<double> logits(static_cast<std::size_t>(length));
+      double m = -1e300;
+      for (std::int32_t t = 0; t < length; ++t) {
+        const float* k = l.cache.k_row(b, qh / group, t);
+        const float* x = queries.row(b, qh, 0);
+        double dot = 0.0;
+        for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * k[d];
+        logits[static_cast<std::size_t>(t)] = dot * scale;
+        m = std::max(m, dot * scale);
+      }
+      double sum = 0.0;
+      for (double z : logits) sum += std::exp(z - m);
+      lse_data[static_cast<std::size_t>(b) * q_heads + qh] = static_cast<float>(m + std::log(sum));
+    }
+  sh::lse_view<sh::memory_space::host> lse{};
+  if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
+                    sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1);
+  sh::host::observe_queries(policy, l.cache, l.state, queries, lse);  // admits every token, untimed
+  for (auto _ : st) {
+    sh::host::observe_queries(policy, l.cache, l.state, queries, lse);
+    benchmark::ClobberMemory();
+  }
+  const auto tokens = static_cast<std::int64_t>(l.tokens());
+  const std::int64_t k_passes = with_lse ? 1 : 3;
+  const std::int64_t per_call = tokens * static_cast<std::int64_t>(state_observe_bytes) +
+                                k_passes * tokens * head_dim * static_cast<std::int64_t>(sizeof(float)) +
+                                static_cast<std::int64_t>(q.size() * sizeof(float)) +
+                                (with_lse ? static_cast<std::int64_t>(lse_data.size() * sizeof(float)) : 0);
+  st.SetItemsProcessed(st.iterations() * tokens);
+  st.SetBytesProcessed(st.iterations() * per_call);
+}
+
+}  // namespace
+
+void register_observe() {
+  for (std::int32_t batch : {1, 8})
+    for (std::int32_t length : {512, 2048, 8192}) {
+      const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
+      benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries, batch, length, true)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries, batch, length, false)
+          ->Unit(benchmark::kMicrosecond);
+    }
+}
+
+}  // namespace bench_host

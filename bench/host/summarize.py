@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Turns the host benchmark's JSON output into the tables of bench/RESULTS.md.
+
+    scissorhands_bench_host --benchmark_repetitions=3 \
+        --benchmark_out=host.json --benchmark_out_format=json
+    python3 bench/host/summarize.py host.json
+
+With repetitions the median of each benchmark is used, otherwise its single
+run. Times are the per-call real time (for compress, the manually timed call
+alone), bandwidth in GiB/s (2^30 bytes, as Google Benchmark prints it).
+"""
+import json
+import re
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    runs = {}
+    has_median = any(b.get("aggregate_name") == "median" for b in data["benchmarks"])
+    for b in data["benchmarks"]:
+        if b.get("error_occurred"):
+            sys.exit(f"{b['name']}: {b.get('error_message')}")
+        if has_median and b.get("aggregate_name") != "median":
+            continue
+        name = re.sub(r"(/manual_time)?(_median)?$", "", b["run_name"] if has_median else b["name"])
+        runs[name] = b
+    return data["context"], runs
+
+
+def us(b):
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+    return b["real_time"] * scale
+
+
+def gib(b):
+    return b["bytes_per_second"] / 2**30
+
+
+def shape(name):
+    return dict(re.findall(r"(batch|B|m):(\d+)", name))
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: summarize.py BENCHMARK_JSON")
+    context, runs = load(sys.argv[1])
+    print(f"<!-- {context['date']}, {context['num_cpus']} CPUs at {context['mhz_per_cpu']} MHz -->")
+    print()
+    print("| operation | batch | B | time / call (µs) | GiB/s | M token-heads/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, b in runs.items():
+        if not name.startswith("observe"):
+            continue
+        s = shape(name)
+        op = name.split("/")[0]
+        print(f"| {op} | {s['batch']} | {s['B']} | {us(b):,.1f} | {gib(b):.2f} | "
+              f"{b['items_per_second'] / 1e6:.2f} |")
+    print()
+    print("| policy | batch | B | m | library (µs) | library GiB/s | rows moved / call | naive (µs) | naive GiB/s | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, b in runs.items():
+        if not name.startswith("compress/"):
+            continue
+        naive = runs.get("naive/" + name[len("compress/"):])
+        if naive is None:
+            continue
+        s = shape(name)
+        policy = name.split("/")[1]
+        print(f"| {policy} | {s['batch']} | {s['B']} | {s['m']} | {us(b):,.1f} | {gib(b):.2f} | "
+              f"{b['moves/call']:,.0f} | {us(naive):,.1f} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
+
+
+if __name__ == "__main__":
+    main()
