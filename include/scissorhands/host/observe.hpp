@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 
@@ -193,7 +194,9 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
     detail::require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
                     queries.head_dim);
     detail::require(queries.data.data() != nullptr, fn, "queries.data", "must not be null");
-    for (auto s : {queries.sequence_stride, queries.head_stride, queries.query_stride})
+    // Typed list: nvcc's front end turns a bare {..} of dependent members into ({..}).
+    for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
+                                                                queries.query_stride})
       detail::require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
     const std::int64_t need = detail::reach(queries.sequence_stride, cache.batch, queries.head_stride,
                                             queries.q_heads, queries.query_stride, queries.q_len, d);
