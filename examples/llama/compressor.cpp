@@ -1,0 +1,307 @@
+#include "compressor.hpp"
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace llama {
+
+namespace sh = scissorhands;
+
+namespace {
+
+const char* observation_name(observation_kind k) {
+  switch (k) {
+    case observation_kind::threshold: return sh::threshold_indicator::name;
+    case observation_kind::mass: return sh::attention_mass::name;
+    case observation_kind::key_norm: return sh::key_norm::name;
+    case observation_kind::recency: return sh::recency::name;
+    case observation_kind::random: return sh::random_score::name;
+  }
+  return "?";
+}
+
+const char* history_name(history_kind k) {
+  switch (k) {
+    case history_kind::window: return sh::sliding_window::name;
+    case history_kind::unbounded: return sh::unbounded_history::name;
+    case history_kind::decay: return sh::exponential_decay::name;
+  }
+  return "?";
+}
+
+[[noreturn]] void bad(const std::string& spec, const std::string& key, const std::string& why) {
+  throw std::invalid_argument("policy '" + spec + "': " + key + " " + why);
+}
+
+std::int32_t parse_int(const std::string& spec, const std::string& key, const std::string& v, std::int32_t lo) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > (1L << 30))
+    bad(spec, key, "must be an integer in [" + std::to_string(lo) + ", 2^30], got '" + v + "'");
+  return static_cast<std::int32_t>(x);
+}
+
+float parse_float(const std::string& spec, const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  const float x = std::strtof(v.c_str(), &end);
+  if (v.empty() || *end != '\0') bad(spec, key, "must be a number, got '" + v + "'");
+  return x;
+}
+
+bool parse_bool(const std::string& spec, const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  bad(spec, key, "must be 0/1 (or true/false), got '" + v + "'");
+}
+
+gqa_kind parse_gqa(const std::string& spec, const std::string& v) {
+  if (v == "mean") return gqa_kind::mean;
+  if (v == "max") return gqa_kind::max;
+  bad(spec, "gqa", "must be mean or max, got '" + v + "'");
+}
+
+}  // namespace
+
+std::string policy_spec::describe() const {
+  std::ostringstream o;
+  o << observation_name(observation) << "+" << history_name(history);
+  if (history == history_kind::window) o << " w=" << config.window;
+  if (history == history_kind::decay) o << " decay=" << config.decay;
+  o << " r=" << config.recent << " s=" << config.sinks << " m=" << config.evict_count;
+  if (observation == observation_kind::threshold) o << " alpha=" << config.alpha;
+  if (observation == observation_kind::threshold || observation == observation_kind::mass)
+    o << " gqa=" << (gqa == gqa_kind::mean ? "mean" : "max");
+  if (observation == observation_kind::random) o << " seed=" << config.seed;
+  o << " norm=" << (config.normalize ? 1 : 0);
+  if (config.compaction_mode == sh::compaction::preserve_order) o << " compaction=preserve_order";
+  return o.str();
+}
+
+std::string policy_help() {
+  return "presets: scissorhands (threshold_indicator + sliding_window), h2o (attention_mass + unbounded),\n"
+         "  streaming (recency + 4 sinks), random (random_score), keynorm (key_norm), decay (attention_mass +\n"
+         "  exponential_decay); append :key=value,... with keys w r s m alpha decay norm gqa(mean|max) seed\n"
+         "  obs(threshold|mass|keynorm|recency|random) hist(window|unbounded|decay) compaction(fill|order) label";
+}
+
+policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
+  const auto colon = text.find(':');
+  const std::string preset = text.substr(0, colon);
+  policy_spec p;
+  p.label = preset;
+  if (preset == "scissorhands") {
+    p.observation = observation_kind::threshold;
+    p.history = history_kind::window;
+  } else if (preset == "h2o") {
+    p.observation = observation_kind::mass;
+    p.history = history_kind::unbounded;
+  } else if (preset == "streaming") {
+    p.observation = observation_kind::recency;
+    p.history = history_kind::unbounded;
+    p.config.sinks = 4;  // StreamingLLM's default
+  } else if (preset == "random") {
+    p.observation = observation_kind::random;
+    p.history = history_kind::unbounded;
+  } else if (preset == "keynorm") {
+    p.observation = observation_kind::key_norm;
+    p.history = history_kind::unbounded;
+  } else if (preset == "decay") {
+    p.observation = observation_kind::mass;
+    p.history = history_kind::decay;
+  } else {
+    bad(text, "preset", "must be one of scissorhands, h2o, streaming, random, keynorm, decay; got '" + preset + "'");
+  }
+  sh::settings& c = p.config;
+  if (o.window) c.window = *o.window;
+  if (o.recent) c.recent = *o.recent;
+  if (o.sinks) c.sinks = *o.sinks;
+  if (o.evict_count) c.evict_count = *o.evict_count;
+  if (o.alpha) c.alpha = *o.alpha;
+  if (o.decay) c.decay = *o.decay;
+  if (o.normalize) c.normalize = *o.normalize;
+  if (o.gqa) p.gqa = *o.gqa;
+  if (o.seed) c.seed = *o.seed;
+  if (o.compaction_mode) c.compaction_mode = *o.compaction_mode;
+  std::stringstream rest(colon == std::string::npos ? std::string() : text.substr(colon + 1));
+  std::string item;
+  while (std::getline(rest, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) bad(text, "'" + item + "'", "must be key=value");
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "w") c.window = parse_int(text, key, v, 1);
+    else if (key == "r") c.recent = parse_int(text, key, v, 0);
+    else if (key == "s") c.sinks = parse_int(text, key, v, 0);
+    else if (key == "m") c.evict_count = parse_int(text, key, v, 1);
+    else if (key == "alpha") c.alpha = parse_float(text, key, v);
+    else if (key == "decay") c.decay = parse_float(text, key, v);
+    else if (key == "norm") c.normalize = parse_bool(text, key, v);
+    else if (key == "gqa") p.gqa = parse_gqa(text, v);
+    else if (key == "seed") c.seed = static_cast<std::uint32_t>(parse_int(text, key, v, 0));
+    else if (key == "label") p.label = v;
+    else if (key == "compaction") {
+      if (v == "fill") c.compaction_mode = sh::compaction::fill_holes;
+      else if (v == "order") c.compaction_mode = sh::compaction::preserve_order;
+      else bad(text, key, "must be fill or order, got '" + v + "'");
+    } else if (key == "obs") {
+      if (v == "threshold") p.observation = observation_kind::threshold;
+      else if (v == "mass") p.observation = observation_kind::mass;
+      else if (v == "keynorm") p.observation = observation_kind::key_norm;
+      else if (v == "recency") p.observation = observation_kind::recency;
+      else if (v == "random") p.observation = observation_kind::random;
+      else bad(text, key, "must be threshold, mass, keynorm, recency or random, got '" + v + "'");
+    } else if (key == "hist") {
+      if (v == "window") p.history = history_kind::window;
+      else if (v == "unbounded") p.history = history_kind::unbounded;
+      else if (v == "decay") p.history = history_kind::decay;
+      else bad(text, key, "must be window, unbounded or decay, got '" + v + "'");
+    } else {
+      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction label");
+    }
+  }
+  // A static score is given once and never updated: any history is moot, and
+  // a sliding window would only allocate ring memory for nothing.
+  if (p.observation == observation_kind::key_norm || p.observation == observation_kind::recency ||
+      p.observation == observation_kind::random)
+    p.history = history_kind::unbounded;
+  return p;
+}
+
+namespace {
+
+// Aligned, owned storage for a layer's library state (make_state wants 256).
+struct aligned_buffer {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  explicit aligned_buffer(std::size_t n) : size(n) {
+    const std::size_t rounded = (n + 255) / 256 * 256;
+    data = static_cast<std::byte*>(std::aligned_alloc(256, rounded == 0 ? 256 : rounded));
+    if (!data) throw std::bad_alloc();
+  }
+  aligned_buffer(const aligned_buffer&) = delete;
+  aligned_buffer& operator=(const aligned_buffer&) = delete;
+  ~aligned_buffer() { std::free(data); }
+};
+
+template <class Policy>
+class compressor_impl final : public kv_compressor {
+ public:
+  compressor_impl(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                  const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+    spec_ = spec;
+    budgets_ = budgets;
+    source_ = source;
+    policy_.config = spec.config;
+    if (budgets.size() != caches.size())
+      throw std::invalid_argument("make_compressor: budgets has " + std::to_string(budgets.size()) +
+                                  " entries but the cache has " + std::to_string(caches.size()) + " layers");
+    for (std::size_t l = 0; l < caches.size(); ++l) {
+      const sh::state_shape shape = sh::state_shape_for(policy_, caches[l]);
+      const std::size_t bytes = sh::state_bytes(shape);
+      state_bytes_.push_back(bytes);
+      buffers_.push_back(std::make_unique<aligned_buffer>(bytes));
+      states_.push_back(sh::make_state(sh::host_span<std::byte>(buffers_.back()->data, bytes), shape));
+      const std::size_t ws = sh::host::compress_workspace_bytes(caches[l]);
+      workspaces_.push_back(std::make_unique<aligned_buffer>(ws));
+      workspace_bytes_.push_back(ws);
+    }
+    reset();
+  }
+
+  void observe(std::int32_t layer, sh::host_kv_view<float> cache, const float* probs, const float* queries,
+               const float* lse, std::int32_t q_heads) override {
+    const auto l = static_cast<std::size_t>(layer);
+    const std::int32_t len = cache.length(0);
+    switch (source_) {
+      case observe_source::probabilities: {
+        const auto view = sh::probability_view<sh::memory_space::host>::dense(
+            sh::host_span<const float>(probs, static_cast<std::size_t>(q_heads) * static_cast<std::size_t>(len)),
+            q_heads, 1, len);
+        sh::host::observe_probabilities(policy_, cache, states_[l], view);
+        break;
+      }
+      case observe_source::queries:
+      case observe_source::queries_lse: {
+        const auto n = static_cast<std::size_t>(q_heads) * static_cast<std::size_t>(cache.head_dim);
+        const auto q = sh::query_view<float, sh::memory_space::host>::dense(sh::host_span<const float>(queries, n),
+                                                                             q_heads, 1, cache.head_dim);
+        sh::lse_view<sh::memory_space::host> lv{};
+        if (source_ == observe_source::queries_lse)
+          lv = sh::lse_view<sh::memory_space::host>::dense(
+              sh::host_span<const float>(lse, static_cast<std::size_t>(q_heads)), q_heads, 1);
+        sh::host::observe_queries(policy_, cache, states_[l], q, lv);
+        break;
+      }
+    }
+  }
+
+  void compress(std::int32_t layer, sh::host_kv_view<float> cache) override {
+    const auto l = static_cast<std::size_t>(layer);
+    sh::host::compress(policy_, cache, states_[l], budgets_[l],
+                       sh::host_span<std::byte>(workspaces_[l]->data, workspace_bytes_[l]));
+  }
+
+  void reset() override {
+    for (auto& s : states_) sh::host::reset_state(s);
+  }
+
+  sh::eviction_state<sh::memory_space::host> state(std::int32_t layer) const override {
+    return states_.at(static_cast<std::size_t>(layer));
+  }
+
+ private:
+  Policy policy_;
+  std::vector<std::unique_ptr<aligned_buffer>> buffers_, workspaces_;
+  std::vector<std::size_t> workspace_bytes_;
+  std::vector<sh::eviction_state<sh::memory_space::host>> states_;
+};
+
+template <class Obs, class Hist, class Gqa>
+std::unique_ptr<kv_compressor> build(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                                     const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+  using policy = sh::eviction_policy<Obs, Hist, sh::recent_window, Gqa>;
+  return std::make_unique<compressor_impl<policy>>(spec, budgets, caches, source);
+}
+
+template <class Obs, class Hist>
+std::unique_ptr<kv_compressor> pick_gqa(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                                        const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+  // Static observations never read attention: the reduction is irrelevant.
+  if constexpr (!Obs::needs_attention) return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source);
+  else if (spec.gqa == gqa_kind::max) return build<Obs, Hist, sh::gqa_max>(spec, budgets, caches, source);
+  else return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source);
+}
+
+template <class Obs>
+std::unique_ptr<kv_compressor> pick_history(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                                            const std::vector<sh::host_kv_view<float>>& caches,
+                                            observe_source source) {
+  if constexpr (!Obs::needs_attention) {
+    return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source);
+  } else {
+    switch (spec.history) {
+      case history_kind::window: return pick_gqa<Obs, sh::sliding_window>(spec, budgets, caches, source);
+      case history_kind::unbounded: return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source);
+      case history_kind::decay: return pick_gqa<Obs, sh::exponential_decay>(spec, budgets, caches, source);
+    }
+  }
+  throw std::invalid_argument("make_compressor: unknown history kind");
+}
+
+}  // namespace
+
+std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                                               const std::vector<sh::host_kv_view<float>>& caches,
+                                               observe_source source) {
+  switch (spec.observation) {
+    case observation_kind::threshold: return pick_history<sh::threshold_indicator>(spec, budgets, caches, source);
+    case observation_kind::mass: return pick_history<sh::attention_mass>(spec, budgets, caches, source);
+    case observation_kind::key_norm: return pick_history<sh::key_norm>(spec, budgets, caches, source);
+    case observation_kind::recency: return pick_history<sh::recency>(spec, budgets, caches, source);
+    case observation_kind::random: return pick_history<sh::random_score>(spec, budgets, caches, source);
+  }
+  throw std::invalid_argument("make_compressor: unknown observation kind");
+}
+
+}  // namespace llama

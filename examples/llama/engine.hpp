@@ -1,0 +1,90 @@
+#pragma once
+// A one-token-per-step Llama decoder that owns its KV cache, as an engine
+// does, and keeps it within budget through the library.
+//
+// Decode convention (docs/llama.md; the tests rely on it). At step t the
+// token at true position t goes through every layer:
+//   1. q, k, v = projections of the normed input; RoPE at position t on q, k.
+//   2. k and v are appended to the layer's cache at slot len (keys are cached
+//      after RoPE, so attention never needs a slot's position).
+//   3. attention of the step's query over slots 0..len (causal by
+//      construction: the cache only holds the past and the present).
+//   4. the library observes that step's attention (host::observe_*), then
+//      host::compress evicts m tokens if the cache now holds its budget B.
+// So a head's cache never holds more than B tokens, and the step's output
+// was computed before anything was evicted.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <scissorhands/scissorhands.hpp>
+
+#include "compressor.hpp"
+#include "model.hpp"
+
+namespace llama {
+
+class engine {
+ public:
+  // max_tokens: the longest sequence this engine will decode (a full cache's
+  // capacity). Without a compressor the cache is full; with one, layer l
+  // holds at most min(budget_l, max_tokens) slots.
+  engine(const model& m, std::int32_t max_tokens, scissorhands::named_layout layout = scissorhands::named_layout::nhd);
+
+  // Switches to a compressed cache (nullptr: full cache). Rebuilds the cache
+  // buffers with the policy's capacities and resets the engine.
+  void set_policy(const policy_spec* spec, const std::vector<std::int32_t>& budgets,
+                  observe_source source = observe_source::probabilities);
+  void reset();
+
+  // Feeds one token; returns the logits of the next one (vocab floats,
+  // valid until the next call).
+  const float* step(std::int32_t token);
+
+  const model& weights() const { return model_; }
+  std::int32_t position() const { return position_; }
+  std::int32_t max_tokens() const { return max_tokens_; }
+  std::int32_t length(std::int32_t layer) const { return lengths_[static_cast<std::size_t>(layer)]; }
+  std::int32_t capacity(std::int32_t layer) const { return capacity_[static_cast<std::size_t>(layer)]; }
+  scissorhands::host_kv_view<float> view(std::int32_t layer);
+  kv_compressor* compressor() { return compressor_.get(); }
+  // K+V bytes of the cache buffers (what a budget saves) and of the
+  // library's state (what it costs).
+  std::size_t kv_bytes() const;
+  std::size_t state_bytes() const;
+
+  // Called after attention, before the library sees it: (layer, probs
+  // [q_heads][len] dense, len). Used by persistence and the tests.
+  std::function<void(std::int32_t, const float*, std::int32_t)> on_attention;
+  // Called between observe and compress (tests check what compress will do).
+  std::function<void(std::int32_t)> before_compress;
+
+  // Time spent in the library (observe + compress) and in whole steps.
+  struct timing {
+    std::chrono::nanoseconds library{0};
+    std::chrono::nanoseconds total{0};
+    std::int64_t steps = 0;
+  };
+  const timing& times() const { return times_; }
+  void clear_times() { times_ = {}; }
+
+ private:
+  void allocate_cache();
+
+  const model& model_;
+  std::int32_t max_tokens_;
+  scissorhands::named_layout layout_;
+  std::int32_t position_ = 0;
+  std::vector<std::int32_t> capacity_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::vector<std::int32_t> lengths_;  // one sequence per layer: each layer's view points at its own entry
+  std::unique_ptr<kv_compressor> compressor_;
+  // Scratch.
+  std::vector<float> x_, xb_, q_, k_, v_, att_out_, hb_, hb2_, probs_, lse_, logits_;
+  std::vector<float> rope_freq_, rope_cos_, rope_sin_;  // per pair; cos/sin at the current position
+  timing times_;
+};
+
+}  // namespace llama

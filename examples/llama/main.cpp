@@ -1,0 +1,538 @@
+// scissorhands_llama: a small Llama decoder whose KV cache the library keeps
+// within budget. Modes: generate, evaluate (NLL over a policy x budget grid),
+// persistence (the paper's persistence ratio per layer), info.
+// See docs/llama.md.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "compressor.hpp"
+#include "engine.hpp"
+#include "evaluate.hpp"
+#include "gguf.hpp"
+#include "model.hpp"
+#include "model_path.hpp"
+#include "persistence.hpp"
+#include "tokenizer.hpp"
+
+namespace {
+
+namespace sh = scissorhands;
+using namespace llama;
+
+// Exit status when --require-model is given and no model is found: CTest's
+// SKIP_RETURN_CODE, so a test that needs the model reports "skipped".
+constexpr int exit_no_model = 77;
+
+struct common_options {
+  std::string model_path;
+  std::string layout = "nhd";
+  std::string observe = "probs";
+  bool require_model = false;
+  std::int32_t threads = 0;  // 0: all hardware threads
+};
+
+struct policy_options {
+  policy_overrides overrides;
+  std::string allocator = "uniform";
+  double slope = 0.5;
+  bool normalize_flag = false;
+  std::string gqa;
+  std::string compaction;
+};
+
+struct text_options {
+  std::vector<std::string> text_files, token_files;
+  std::int32_t samples = 4;
+  std::int32_t length = 480;
+  std::uint64_t sample_seed = 1;
+  float sample_temperature = 1.0f;
+  float sample_top_p = 0.9f;
+};
+
+void add_policy_options(CLI::App* app, policy_options& p) {
+  auto& o = p.overrides;
+  app->add_option("--window,-w", o.window, "sliding-window history w (steps); default 400 (the paper)")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--recent,-r", o.recent, "recent window r: the r newest tokens are never evicted; default 10")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_option("--sinks,-s", o.sinks, "attention sinks s: positions 0..s-1 never evicted; default 0 (streaming: 4)")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_option("--evict,-m", o.evict_count, "m: tokens evicted per trigger (leaves B - m); default 1")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--alpha", o.alpha, "threshold_indicator: a token counts when a >= alpha / n; default 1");
+  app->add_option("--decay", o.decay, "exponential_decay factor in (0, 1]; default 0.95");
+  app->add_option("--normalize", o.normalize, "divide scores by the steps observed (0/1); default 0");
+  app->add_option("--gqa", p.gqa, "GQA reduction of a group's probabilities: mean (default) or max")
+      ->check(CLI::IsMember({"mean", "max"}));
+  app->add_option("--policy-seed", o.seed, "seed of the random policy's hash; default 0");
+  app->add_option("--compaction", p.compaction, "fill (O(m) moves, default) or order (keeps slot order)")
+      ->check(CLI::IsMember({"fill", "order"}));
+  app->add_option("--allocator", p.allocator, "split of the budget across layers: uniform, ramp (later layers more), pyramid")
+      ->check(CLI::IsMember({"uniform", "ramp", "pyramid"}));
+  app->add_option("--slope", p.slope, "ramp/pyramid slope in [0, 1); default 0.5");
+}
+
+void finish_policy_options(policy_options& p) {
+  if (p.gqa == "mean") p.overrides.gqa = gqa_kind::mean;
+  if (p.gqa == "max") p.overrides.gqa = gqa_kind::max;
+  if (p.compaction == "fill") p.overrides.compaction_mode = sh::compaction::fill_holes;
+  if (p.compaction == "order") p.overrides.compaction_mode = sh::compaction::preserve_order;
+}
+
+allocator_kind allocator_of(const std::string& s) {
+  if (s == "ramp") return allocator_kind::ramp;
+  if (s == "pyramid") return allocator_kind::pyramid;
+  return allocator_kind::uniform;
+}
+
+void add_text_options(CLI::App* app, text_options& t) {
+  app->add_option("--text", t.text_files, "UTF-8 text file(s) to evaluate (encoded with BOS first)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--tokens", t.token_files, "token-id file(s): whitespace-separated ids, used as they are")
+      ->check(CLI::ExistingFile);
+  app->add_option("--samples", t.samples, "texts sampled from the full-cache model when no file is given")
+      ->check(CLI::Range(1, 10000));
+  app->add_option("--length", t.length, "tokens per sampled text (BOS included); trained context is 512")
+      ->check(CLI::Range(2, 1 << 20));
+  app->add_option("--sample-seed", t.sample_seed, "seed of the first sampled text (text k uses seed + k)");
+  app->add_option("--sample-temperature", t.sample_temperature, "temperature of the sampled texts")
+      ->check(CLI::Range(0.0f, 10.0f));
+  app->add_option("--sample-top-p", t.sample_top_p, "top-p of the sampled texts")->check(CLI::Range(0.01f, 1.0f));
+}
+
+std::vector<eval_text> load_texts(const text_options& t, const model& m, const tokenizer* tok, std::string& what) {
+  std::vector<eval_text> texts;
+  for (const auto& f : t.text_files) {
+    if (!tok) throw std::runtime_error("--text needs a tokenizer (the model file has none)");
+    texts.push_back(read_text_file(f, *tok));
+  }
+  for (const auto& f : t.token_files) texts.push_back(read_token_file(f, m.config.vocab));
+  std::ostringstream o;
+  if (texts.empty()) {
+    texts = sample_texts(m, t.samples, t.length, t.sample_seed, t.sample_temperature, t.sample_top_p);
+    o << t.samples << " texts of " << t.length << " tokens sampled from the full-cache model (seeds " << t.sample_seed
+      << ".." << t.sample_seed + static_cast<std::uint64_t>(t.samples) - 1 << ", temperature " << t.sample_temperature
+      << ", top-p " << t.sample_top_p << ")";
+  } else {
+    std::size_t total = 0;
+    for (const auto& x : texts) total += x.tokens.size();
+    o << texts.size() << " text file(s), " << total << " tokens";
+  }
+  what = o.str();
+  return texts;
+}
+
+sh::named_layout layout_of(const std::string& s) { return s == "hnd" ? sh::named_layout::hnd : sh::named_layout::nhd; }
+
+observe_source source_of(const std::string& s) {
+  if (s == "queries") return observe_source::queries;
+  if (s == "queries-lse") return observe_source::queries_lse;
+  return observe_source::probabilities;
+}
+
+std::int32_t thread_count(std::int32_t requested) {
+  if (requested > 0) return requested;
+  return static_cast<std::int32_t>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << x;
+  return o.str();
+}
+
+std::string kib(double bytes) { return fixed(bytes / 1024.0, 1) + " KiB"; }
+
+void describe_model(const model& m, const std::string& path) {
+  const model_config& c = m.config;
+  std::cout << "model: " << path << "\n  " << c.layers << " layers, dim " << c.dim << ", " << c.q_heads
+            << " query heads / " << c.kv_heads << " KV heads, head_dim " << c.head_dim << ", SwiGLU hidden "
+            << c.hidden << ", vocab " << c.vocab << ", RMSNorm eps " << c.rms_eps << ", RoPE theta " << c.rope_theta
+            << (m.tied_output ? ", output tied to the embedding" : ", separate output matrix") << "\n";
+}
+
+// The table: one row per policy, one column per budget, NLL and its
+// relative increase over the full cache.
+void print_table(std::ostream& out, const std::vector<run_result>& results, const std::vector<std::int32_t>& budgets) {
+  const run_result& full = results.front();
+  std::vector<std::string> labels;
+  std::map<std::pair<std::string, std::int32_t>, const run_result*> cell;
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (std::find(labels.begin(), labels.end(), r.label) == labels.end()) labels.push_back(r.label);
+    cell[{r.label, r.budget}] = &r;
+  }
+  std::size_t w0 = 12;
+  for (const auto& l : labels) w0 = std::max(w0, l.size() + 1);
+  const int w = 17;
+  out << "\nMean NLL (nats/token) over " << full.predictions << " predictions; in brackets the increase over the full cache ("
+      << fixed(full.nll(), 4) << ")\n";
+  out << std::left << std::setw(static_cast<int>(w0)) << "budget B" << std::right;
+  for (auto b : budgets) out << std::setw(w) << b;
+  out << std::setw(w) << "full" << "\n";
+  out << std::left << std::setw(static_cast<int>(w0)) << "KV held" << std::right;
+  for (auto b : budgets) {
+    const run_result* any = labels.empty() ? nullptr : cell[{labels.front(), b}];
+    out << std::setw(w) << (any ? fixed(100.0 * any->kv_fraction, 1) + "%" : "-");
+  }
+  out << std::setw(w) << "100.0%" << "\n";
+  for (const auto& l : labels) {
+    out << std::left << std::setw(static_cast<int>(w0)) << l << std::right;
+    for (auto b : budgets) {
+      const run_result* r = cell[{l, b}];
+      if (!r) {
+        out << std::setw(w) << "-";
+        continue;
+      }
+      const double rel = 100.0 * (r->nll() - full.nll()) / full.nll();
+      out << std::setw(w) << (fixed(r->nll(), 4) + " (" + (rel >= 0 ? "+" : "") + fixed(rel, 1) + "%)");
+    }
+    out << std::setw(w) << fixed(full.nll(), 4) << "\n";
+  }
+}
+
+void write_csv(const std::string& path, const std::vector<run_result>& results) {
+  std::ofstream o(path);
+  if (!o) throw std::runtime_error("cannot write CSV '" + path + "'");
+  const double full = results.front().nll();
+  o << "policy,budget,kv_fraction,kv_kib,state_kib,predictions,nll,nll_full,relative_increase,library_s,step_s,"
+       "library_fraction,description\n";
+  for (const auto& r : results) {
+    o << r.label << "," << r.budget << "," << fixed(r.kv_fraction, 6) << "," << fixed(r.kv_bytes / 1024.0, 3) << ","
+      << fixed(r.state_bytes / 1024.0, 3) << "," << r.predictions << "," << fixed(r.nll(), 6) << ","
+      << fixed(full, 6) << "," << fixed((r.nll() - full) / full, 6) << "," << fixed(r.library_seconds, 6) << ","
+      << fixed(r.step_seconds, 6) << "," << fixed(r.step_seconds > 0 ? r.library_seconds / r.step_seconds : 0.0, 6)
+      << ",\"" << r.description << "\"\n";
+  }
+}
+
+void print_library_time(std::ostream& out, const std::vector<run_result>& results) {
+  double lib = 0.0, step = 0.0, full_step = 0.0;
+  std::int64_t full_tokens = 0, tokens = 0;
+  for (const auto& r : results) {
+    if (r.budget == 0) {
+      full_step += r.step_seconds;
+      full_tokens += r.predictions;
+      continue;
+    }
+    lib += r.library_seconds;
+    step += r.step_seconds;
+    tokens += r.predictions;
+  }
+  out << "\nLibrary time (host::observe_* + host::compress, every layer) in the compressed runs: " << fixed(lib, 3)
+      << " s of " << fixed(step, 3) << " s of decode steps (" << fixed(step > 0 ? 100.0 * lib / step : 0.0, 1)
+      << "%); " << fixed(tokens ? 1e6 * lib / static_cast<double>(tokens) : 0.0, 1) << " us of "
+      << fixed(tokens ? 1e6 * step / static_cast<double>(tokens) : 0.0, 1)
+      << " us per step (full cache, no library: " << fixed(full_tokens ? 1e6 * full_step / static_cast<double>(full_tokens) : 0.0, 1)
+      << " us per step)\n";
+  // Per policy, since the static ones never read attention.
+  std::map<std::string, std::pair<double, double>> per;
+  for (const auto& r : results)
+    if (r.budget != 0) {
+      per[r.label].first += r.library_seconds;
+      per[r.label].second += r.step_seconds;
+    }
+  for (const auto& [label, t] : per)
+    out << "  " << std::left << std::setw(14) << label << std::right << fixed(100.0 * t.first / t.second, 1)
+        << "% of step time\n";
+}
+
+int run_plot(const std::string& csv, const std::string& png) {
+  const std::string script = repo_root() + "/scripts/plot_nll.sh";
+  if (!std::filesystem::exists(script)) {
+    std::cerr << "plot: " << script << " not found; skipping the plot\n";
+    return 1;
+  }
+  const std::string cmd = "bash '" + script + "' '" + csv + "' '" + png + "'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) std::cerr << "plot: '" << cmd << "' failed (is gnuplot installed? scripts/setup.sh installs it)\n";
+  return rc;
+}
+
+// The synthetic fallback: the same engine and library on a random-weight
+// model of the same shape. Random models show no persistence of
+// importance, so this demonstrates the mechanics, not the quality.
+int synthetic_demo() {
+  std::cerr << "Falling back to the synthetic demo: a random-weight model of stories260K's shape, random text.\n"
+               "(For the synthetic workload without a model see also the scissorhands_synthetic example.)\n";
+  model_config c;
+  c.dim = 64;
+  c.layers = 2;
+  c.q_heads = 8;
+  c.kv_heads = 4;
+  c.head_dim = 8;
+  c.hidden = 172;
+  c.vocab = 512;
+  c.context = 512;
+  const model m = model::random(c, 7);
+  const auto texts = sample_texts(m, 2, 160, 1, 1.0f, 1.0f);
+  std::vector<policy_spec> specs;
+  for (const char* p : {"scissorhands", "h2o", "streaming", "random"}) specs.push_back(parse_policy(p));
+  const std::vector<std::int32_t> budgets{32, 64};
+  eval_options o;
+  const auto results = evaluate_grid(m, texts, specs, budgets, o);
+  std::cout << "synthetic demo: random 2-layer model, 2 random texts of 160 tokens\n";
+  print_table(std::cout, results, budgets);
+  print_library_time(std::cout, results);
+  return 0;
+}
+
+struct loaded {
+  model weights;
+  std::unique_ptr<tokenizer> tok;
+  std::string path;
+};
+
+std::unique_ptr<loaded> load_model(const common_options& c, int& exit_code) {
+  const model_location where = find_model(c.model_path);
+  if (where.path.empty()) {
+    std::cerr << missing_model_help(where);
+    exit_code = c.require_model ? exit_no_model : synthetic_demo();
+    return nullptr;
+  }
+  auto l = std::make_unique<loaded>();
+  const gguf_file f = gguf_file::open(where.path);
+  l->weights = model::load(f);
+  if (f.find("tokenizer.ggml.tokens")) l->tok = std::make_unique<tokenizer>(f);
+  l->path = where.path;
+  return l;
+}
+
+class progress_line {
+ public:
+  explicit progress_line(std::string what) : what_(std::move(what)), tty_(isatty(2) != 0), start_(clock::now()) {}
+  void update(std::size_t done, std::size_t total, const std::string& last) {
+    const double s = std::chrono::duration<double>(clock::now() - start_).count();
+    std::cerr << (tty_ ? "\r" : "") << "[" << what_ << "] " << done << "/" << total << " runs, " << fixed(s, 1)
+              << " s, last: " << last << (tty_ ? "          " : "\n") << std::flush;
+  }
+  ~progress_line() {
+    if (tty_) std::cerr << "\n";
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  std::string what_;
+  bool tty_;
+  clock::time_point start_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"scissorhands_llama: a Llama decoder with a KV cache kept within budget by scissorhands"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  common_options common;
+  app.add_option("--model", common.model_path,
+                 "GGUF model (default: $SCISSORHANDS_MODEL, else ../shared/models/stories260K.gguf beside the repo)");
+  app.add_option("--layout", common.layout, "the engine's KV layout: nhd or hnd")->check(CLI::IsMember({"nhd", "hnd"}));
+  app.add_option("--observe", common.observe,
+                 "what the library observes: probs (the engine's softmax), queries (recomputed from Q and K), "
+                 "queries-lse (with the engine's log-sum-exp)")
+      ->check(CLI::IsMember({"probs", "queries", "queries-lse"}));
+  app.add_flag("--require-model", common.require_model, "exit 77 (CTest: skipped) when no model is found");
+  app.add_option("--threads", common.threads, "worker threads for the evaluate grid (0: hardware, at most 8)")
+      ->check(CLI::Range(0, 256));
+
+  // generate
+  auto* gen = app.add_subcommand("generate", "prompt in, text out, under a policy and budget");
+  std::string prompt;
+  std::int32_t steps = 200, gen_budget = 64;
+  float temperature = 0.0f, top_p = 0.9f;
+  std::uint64_t seed = 1;
+  std::string gen_policy = "scissorhands";
+  bool no_stop = false;
+  policy_options gen_opts;
+  gen->add_option("--prompt,-p", prompt, "prompt text (empty: start from BOS alone)");
+  gen->add_option("--steps,-n", steps, "tokens to generate")->check(CLI::Range(1, 1 << 20));
+  gen->add_option("--temperature,-t", temperature, "0 = greedy")->check(CLI::Range(0.0f, 10.0f));
+  gen->add_option("--top-p", top_p, "nucleus sampling mass")->check(CLI::Range(0.01f, 1.0f));
+  gen->add_option("--seed", seed, "sampling seed");
+  gen->add_option("--policy", gen_policy, "policy spec, or 'full' for an uncompressed cache. " + policy_help());
+  gen->add_option("--budget,-B", gen_budget, "KV budget B: tokens per head and layer (mean over layers)")
+      ->check(CLI::Range(1, 1 << 24));
+  gen->add_flag("--no-stop", no_stop, "keep going past BOS/EOS (the model emits BOS between stories)");
+  add_policy_options(gen, gen_opts);
+
+  // evaluate
+  auto* ev = app.add_subcommand("evaluate", "teacher-forced NLL over texts for a policy x budget grid");
+  std::vector<std::string> policies{"scissorhands", "h2o", "streaming", "random"};
+  std::vector<std::int32_t> budgets{16, 32, 64, 96, 128, 192, 256};
+  std::string csv = "llama_nll.csv", png = "llama_nll.png";
+  bool no_plot = false;
+  policy_options ev_opts;
+  text_options ev_texts;
+  ev->add_option("--policies", policies, "policy specs (space-separated). " + policy_help());
+  ev->add_option("--budgets", budgets, "budgets B (mean tokens per head and layer), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 24));
+  ev->add_option("--csv", csv, "where to write the CSV");
+  ev->add_option("--plot", png, "where to draw the plot (PNG, via scripts/plot_nll.sh and gnuplot)");
+  ev->add_flag("--no-plot", no_plot, "skip the plot");
+  add_policy_options(ev, ev_opts);
+  add_text_options(ev, ev_texts);
+
+  // persistence
+  auto* pe = app.add_subcommand("persistence", "the persistence ratio of pivotal tokens per layer (docs/llama.md)");
+  text_options pe_texts;
+  persistence_options pe_opts;
+  std::string pe_gqa = "mean";
+  add_text_options(pe, pe_texts);
+  pe->add_option("--split", pe_opts.split, "the earlier stretch is steps [0, split * T)")->check(CLI::Range(0.01, 0.99));
+  pe->add_option("--min-fraction", pe_opts.min_fraction,
+                 "pivotal in a stretch = above average at >= this fraction of its steps (0: at least one step)")
+      ->check(CLI::Range(0.0, 1.0));
+  pe->add_option("--alpha", pe_opts.alpha, "pivotal at a step: a > alpha / n");
+  pe->add_flag("--per-query-head", pe_opts.per_query_head, "per query head instead of per KV head");
+  pe->add_option("--gqa", pe_gqa, "reduction over a KV head's query heads: mean or max")
+      ->check(CLI::IsMember({"mean", "max"}));
+
+  auto* info = app.add_subcommand("info", "print the model's shape and a tokenizer round trip");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    int exit_code = 0;
+    auto l = load_model(common, exit_code);
+    if (!l) return exit_code;
+    const model& m = l->weights;
+    describe_model(m, l->path);
+
+    if (*info) {
+      if (l->tok) {
+        const std::string s = "Once upon a time, there was a little girl named Lily.";
+        const auto ids = l->tok->encode(s);
+        std::cout << "tokenizer: " << l->tok->size() << " pieces; \"" << s << "\" -> " << ids.size() << " tokens:";
+        for (auto id : ids) std::cout << " " << id;
+        std::cout << "\n  decoded: \"" << l->tok->decode(ids) << "\"\n";
+      }
+      return 0;
+    }
+
+    if (*gen) {
+      finish_policy_options(gen_opts);
+      engine e(m, m.config.context);
+      const bool full = gen_policy == "full";
+      policy_spec spec;
+      std::vector<std::int32_t> layer_budgets;
+      if (!full) {
+        spec = parse_policy(gen_policy, gen_opts.overrides);
+        layer_budgets = allocate_budgets(gen_budget, m.config.layers, allocator_of(gen_opts.allocator), gen_opts.slope);
+        e.set_policy(&spec, layer_budgets, source_of(common.observe));
+      }
+      std::vector<std::int32_t> tokens = l->tok ? l->tok->encode(prompt, true) : std::vector<std::int32_t>{1};
+      sampler next(temperature, top_p, seed);
+      std::cout << "policy: " << (full ? "full cache" : spec.label + " (" + spec.describe() + ")") << "\n\n";
+      if (l->tok) std::cout << l->tok->decode(tokens) << std::flush;
+      const float* logits = nullptr;
+      for (auto t : tokens) logits = e.step(t);
+      std::int32_t peak = 0;
+      for (std::int32_t i = 0; i < steps && e.position() < e.max_tokens(); ++i) {
+        const std::int32_t t = next(logits, m.config.vocab);
+        if (!no_stop && (t == 1 || t == 2)) break;
+        if (l->tok) std::cout << l->tok->piece_text(tokens.back(), t) << std::flush;
+        else std::cout << " " << t;
+        tokens.push_back(t);
+        logits = e.step(t);
+      }
+      for (std::int32_t layer = 0; layer < m.config.layers; ++layer)
+        peak += full ? e.position() : std::min(e.position(), e.capacity(layer));
+      const model_config& c = m.config;
+      const double row = 2.0 * c.kv_heads * c.head_dim * sizeof(float);
+      const double full_bytes = row * c.layers * e.position();
+      std::cout << "\n\n" << e.position() << " tokens; KV cache held at most " << kib(row * peak) << " ("
+                << fixed(static_cast<double>(peak) / c.layers, 1) << " tokens per head and layer) against "
+                << kib(full_bytes) << " for the full cache ("
+                << fixed(full_bytes > 0 ? 100.0 * row * peak / full_bytes : 0.0, 1) << "%)";
+      if (!full) std::cout << "; library state " << kib(static_cast<double>(e.state_bytes()));
+      const auto& tm = e.times();
+      std::cout << "\nlibrary (observe + compress): "
+                << fixed(100.0 * std::chrono::duration<double>(tm.library).count() /
+                             std::max(1e-12, std::chrono::duration<double>(tm.total).count()), 1)
+                << "% of step time\n";
+      return 0;
+    }
+
+    if (*ev) {
+      finish_policy_options(ev_opts);
+      std::string what;
+      const auto texts = load_texts(ev_texts, m, l->tok.get(), what);
+      std::vector<policy_spec> specs;
+      for (const auto& p : policies) specs.push_back(parse_policy(p, ev_opts.overrides));
+      std::sort(budgets.begin(), budgets.end());
+      budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+      eval_options o;
+      o.layout = layout_of(common.layout);
+      o.source = source_of(common.observe);
+      o.allocator = allocator_of(ev_opts.allocator);
+      o.slope = ev_opts.slope;
+      o.threads = thread_count(common.threads);
+      std::size_t longest = 0;
+      for (const auto& t : texts) longest = std::max(longest, t.tokens.size());
+      std::cout << "texts: " << what << "\n";
+      std::cout << "decode: one token per step; K (after RoPE) and V appended, attention, observe ("
+                << common.observe << "), compress at B; layout " << common.layout << ", budgets split "
+                << ev_opts.allocator << " across layers\npolicies:\n";
+      for (const auto& s : specs) std::cout << "  " << std::left << std::setw(14) << s.label << std::right << s.describe() << "\n";
+      for (auto b : budgets)
+        if (static_cast<std::size_t>(b) >= longest)
+          std::cerr << "note: budget " << b << " is not below the longest text (" << longest
+                    << " tokens): it never evicts\n";
+      std::cout << std::flush;
+      progress_line bar("evaluate");
+      const auto results = evaluate_grid(m, texts, specs, budgets, o, [&](std::size_t done, std::size_t total, const run_result& r) {
+        bar.update(done, total, r.label + (r.budget ? " B=" + std::to_string(r.budget) : ""));
+      });
+      print_table(std::cout, results, budgets);
+      print_library_time(std::cout, results);
+      write_csv(csv, results);
+      std::cout << "\nCSV: " << csv << "\n";
+      std::cout << std::flush;
+      if (!no_plot && run_plot(csv, png) == 0) std::cout << "plot: " << png << "\n";
+      return 0;
+    }
+
+    if (*pe) {
+      pe_opts.gqa = pe_gqa == "max" ? gqa_kind::max : gqa_kind::mean;
+      std::string what;
+      const auto texts = load_texts(pe_texts, m, l->tok.get(), what);
+      std::cout << "texts: " << what << "\n";
+      std::cout << "pivotal: a(t,i) > " << pe_opts.alpha << "/n_t, per "
+                << (pe_opts.per_query_head ? "query head" : "KV head (" + pe_gqa + " over its query heads)")
+                << "; earlier stretch: steps [0, " << pe_opts.split << " T); pivotal in a stretch: at "
+                << (pe_opts.min_fraction > 0 ? ">= " + fixed(100 * pe_opts.min_fraction, 0) + "% of its steps" : "least one step")
+                << "\n\n";
+      const auto layers = measure_persistence(m, texts, pe_opts);
+      std::cout << "layer  persistence  chance  |E|/S   |L|/S   |E&L|   S      pivotal/step (% of n)\n";
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        const auto& p = layers[i];
+        std::cout << std::setw(5) << i << std::setw(12) << fixed(100 * p.ratio, 1) << "%" << std::setw(7)
+                  << fixed(100 * p.chance, 1) << "%" << std::setw(7) << fixed(100 * p.early_size / p.tokens, 1) << "%"
+                  << std::setw(7) << fixed(100 * p.late_size / p.tokens, 1) << "%" << std::setw(8)
+                  << fixed(p.overlap, 1) << std::setw(7) << fixed(p.tokens, 0) << std::setw(9)
+                  << fixed(p.step_pivotal, 1) << " (" << fixed(100 * p.step_fraction, 1) << "%)\n";
+      }
+      std::cout << "\npersistence = |E & L| / |L| pooled over heads and texts; chance = |E| / S, the ratio if L\n"
+                   "were drawn at random; sizes are means per head and text (docs/llama.md).\n";
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
