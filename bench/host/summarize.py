@@ -5,7 +5,8 @@
         --benchmark_out=host.json --benchmark_out_format=json
     python3 bench/host/summarize.py host.json
 
-With repetitions the median of each benchmark is used, otherwise its single
+With repetitions the median of each benchmark is used, followed by its
+coefficient of variation (±, standard deviation / mean); otherwise its single
 run. Times are the per-call real time (for compress, the manually timed call
 alone), bandwidth in GiB/s (2^30 bytes, as Google Benchmark prints it).
 """
@@ -17,16 +18,23 @@ import sys
 def load(path):
     with open(path) as f:
         data = json.load(f)
-    runs = {}
+    runs, cv = {}, {}
     has_median = any(b.get("aggregate_name") == "median" for b in data["benchmarks"])
     for b in data["benchmarks"]:
         if b.get("error_occurred"):
             sys.exit(f"{b['name']}: {b.get('error_message')}")
+        name = re.sub(r"/manual_time$", "", b["run_name"])
+        if has_median and b.get("aggregate_name") == "cv":
+            cv[name] = b["real_time"]  # a fraction: standard deviation / mean
         if has_median and b.get("aggregate_name") != "median":
             continue
-        name = re.sub(r"(/manual_time)?(_median)?$", "", b["run_name"] if has_median else b["name"])
         runs[name] = b
-    return data["context"], runs
+    return data["context"], runs, cv
+
+
+def fmt_us(b, cv, name):
+    spread = f" ±{100 * cv[name]:.0f}%" if name in cv else ""
+    return f"{us(b):,.1f}{spread}"
 
 
 def us(b):
@@ -45,7 +53,7 @@ def shape(name):
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: summarize.py BENCHMARK_JSON")
-    context, runs = load(sys.argv[1])
+    context, runs, cv = load(sys.argv[1])
     print(f"<!-- {context['date']}, {context['num_cpus']} CPUs at {context['mhz_per_cpu']} MHz -->")
     print()
     print("| operation | batch | B | time / call (µs) | GiB/s | M token-heads/s |")
@@ -55,7 +63,7 @@ def main():
             continue
         s = shape(name)
         op = name.split("/")[0]
-        print(f"| {op} | {s['batch']} | {s['B']} | {us(b):,.1f} | {gib(b):.2f} | "
+        print(f"| {op} | {s['batch']} | {s['B']} | {fmt_us(b, cv, name)} | {gib(b):.2f} | "
               f"{b['items_per_second'] / 1e6:.2f} |")
     print()
     print("| policy | batch | B | m | library (µs) | library GiB/s | rows moved / call | naive (µs) | naive GiB/s | speed-up |")
@@ -68,8 +76,8 @@ def main():
             continue
         s = shape(name)
         policy = name.split("/")[1]
-        print(f"| {policy} | {s['batch']} | {s['B']} | {s['m']} | {us(b):,.1f} | {gib(b):.2f} | "
-              f"{b['moves/call']:,.0f} | {us(naive):,.1f} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
+        print(f"| {policy} | {s['batch']} | {s['B']} | {s['m']} | {fmt_us(b, cv, name)} | {gib(b):.2f} | "
+              f"{b['moves/call']:,.0f} | {fmt_us(naive, cv, 'naive/' + name[len('compress/'):])} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
 
 
 if __name__ == "__main__":
