@@ -32,7 +32,8 @@ struct unbounded_history {
 struct sliding_window {
   static constexpr const char* name = "sliding_window";
   static constexpr std::int32_t ring_words(const settings& s, bool binary) {
-    return binary ? (s.window + 31) / 32 : s.window;
+    // In 64 bits: window + 31 overflows int32 for a window near INT32_MAX.
+    return binary ? static_cast<std::int32_t>((std::int64_t{s.window} + 31) / 32) : s.window;
   }
   SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, std::uint32_t* ring, std::int64_t step,
                                               float contribution, const settings& s, bool binary) {
