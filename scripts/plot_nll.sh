@@ -31,8 +31,8 @@ set title "stories260K: NLL against KV memory (teacher-forced; lower is better)"
 set xlabel "KV cache held (% of the full cache, peak tokens per head and layer)"
 set ylabel "mean NLL (nats / token)"
 set key top right
+set offsets 0, 0, graph 0.05, graph 0.05
 set grid
-set logscale y
 names = "$names"
 full = ${full:-0}
 plot for [i = 1:words(names)] '$data' index (i - 1) using 1:2 with linespoints lw 2 pt (i + 5) title word(names, i), \

@@ -102,8 +102,10 @@ model model::random(const model_config& config, std::uint32_t seed) {
   const float s = 1.0f / std::sqrt(static_cast<float>(c.dim));
   m.token_embedding = fill(static_cast<std::size_t>(c.vocab) * dim, 1.0f);
   m.output_norm = ones(dim);
-  m.output = m.token_embedding;
-  m.tied_output = true;
+  // A separate output of modest scale, so the next-token distribution is
+  // neither flat nor one-hot (logits of standard deviation about 1.5).
+  m.output = fill(static_cast<std::size_t>(c.vocab) * dim, 1.5f * s);
+  m.tied_output = false;
   for (std::int32_t l = 0; l < c.layers; ++l) {
     layer_weights w;
     w.attn_norm = ones(dim);
