@@ -1,0 +1,170 @@
+// observe_queries (the library recomputes probabilities from Q and the
+// cached K) against observe_probabilities fed with probabilities the test
+// computes in double from the same Q and K: with the log-sum-exp given in
+// natural and in base-2 form, and without it.
+//
+// Tolerance: a recomputed probability is exp(logit - lse) with the logit an
+// fp32 dot product, so its relative error is the logit's absolute error:
+// a few ulps of |q.k|. For moderate logits (|logit| < ~5) we require 1e-5
+// relative on every score (a sum of such probabilities over steps); for
+// peaky attention (|logit| up to ~40) 1e-4. Observed counts and positions
+// do not depend on the probabilities and must match exactly.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace sh_test;
+
+struct query_case {
+  float amplitude;      // queries uniform in [-amplitude, amplitude)
+  float softmax_scale;  // 0: the library's default 1/sqrt(head_dim)
+  double tolerance;     // relative, per score
+};
+
+template <class Policy, class Cache>
+void compare_with_probabilities(Cache& cache, std::int32_t group, const query_case& qc) {
+  INFO("amplitude " << qc.amplitude << ", softmax_scale " << qc.softmax_scale << ", group " << group);
+  const std::int32_t batch = cache.batch, H = cache.kv_heads, D = cache.head_dim;
+  const std::int32_t q_heads = H * group;
+  const std::int32_t columns = cache.max_capacity();
+  Policy policy;
+  policy.config.recent = 2;
+  auto view = cache.view();
+  state_holder reference(policy, view), natural(policy, view), base2(policy, view), own(policy, view);
+  const double scale = qc.softmax_scale > 0.0f ? static_cast<double>(qc.softmax_scale)
+                                               : static_cast<double>(1.0f / std::sqrt(static_cast<float>(D)));
+
+  // Ragged prefill (the shortest sequence sets q_len), then decode steps.
+  const std::vector<std::vector<std::int32_t>> calls = {{9, 6, 7}, {1, 1, 1}, {1, 1, 1}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}};
+  const std::vector<std::int32_t> q_lens = {3, 1, 1, 2, 1, 1};
+  std::int64_t compared = 0;
+  double worst = 0.0;
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    INFO("call " << c);
+    const std::int32_t q_len = q_lens[c];
+    for (std::int32_t b = 0; b < batch; ++b)
+      for (std::int32_t i = 0; i < calls[c][static_cast<std::size_t>(b)]; ++i) {
+        const std::int32_t slot = cache.append(b);  // no compress here: slot = position
+        for (std::int32_t h = 0; h < H; ++h)
+          for (int kind = 0; kind < 2; ++kind)
+            for (std::int32_t d = 0; d < D; ++d) cache.row(kind, b, h, slot)[d] = token_value(kind, b, h, slot, d);
+      }
+    // Dense Q [batch][q_len][q_heads][D].
+    std::vector<float> q(static_cast<std::size_t>(batch * q_len * q_heads * D));
+    for (std::size_t i = 0; i < q.size(); ++i)
+      q[i] = qc.amplitude * (2.0f * static_cast<float>(unit(hash_of({77, static_cast<std::int64_t>(c),
+                                                                      static_cast<std::int64_t>(i)}))) -
+                             1.0f);
+    std::vector<float> probs(static_cast<std::size_t>(batch * q_heads * q_len * columns), 0.0f);
+    std::vector<float> lse_nat(static_cast<std::size_t>(batch * q_heads * q_len));
+    std::vector<float> lse_2(lse_nat.size());
+    for (std::int32_t b = 0; b < batch; ++b)
+      for (std::int32_t qh = 0; qh < q_heads; ++qh)
+        for (std::int32_t j = 0; j < q_len; ++j) {
+          const std::int32_t visible = cache.length(b) - q_len + j + 1;
+          const float* qrow = q.data() + ((static_cast<std::size_t>(b) * q_len + j) * q_heads + qh) * D;
+          std::vector<double> logit(static_cast<std::size_t>(visible));
+          double top = -INFINITY;
+          for (std::int32_t t = 0; t < visible; ++t) {
+            const float* k = cache.row(0, b, qh / group, t);
+            double dot = 0.0;
+            for (std::int32_t d = 0; d < D; ++d) dot += static_cast<double>(qrow[d]) * static_cast<double>(k[d]);
+            logit[static_cast<std::size_t>(t)] = dot * scale;
+            top = std::max(top, logit[static_cast<std::size_t>(t)]);
+          }
+          double sum = 0.0;
+          for (double l : logit) sum += std::exp(l - top);
+          const double lse = top + std::log(sum);
+          const std::size_t at = (static_cast<std::size_t>(b) * q_heads + qh) * q_len + j;
+          lse_nat[at] = static_cast<float>(lse);
+          lse_2[at] = static_cast<float>(lse / std::log(2.0));
+          for (std::int32_t t = 0; t < visible; ++t)
+            probs[at * columns + t] = static_cast<float>(std::exp(logit[static_cast<std::size_t>(t)] - lse));
+        }
+    view = cache.view();
+    const auto kv_before = std::vector<std::vector<float>>{cache.data[0], cache.data[1]};
+    sh::host::observe_probabilities(policy, view, reference.state,
+                                    sh::probability_view<host>::dense({probs.data(), probs.size()}, q_heads, q_len,
+                                                                      columns));
+    const auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, q_heads, q_len, D);
+    sh::host::observe_queries(policy, view, natural.state, qv,
+                              sh::lse_view<host>::dense({lse_nat.data(), lse_nat.size()}, q_heads, q_len),
+                              qc.softmax_scale);
+    sh::host::observe_queries(policy, view, base2.state, qv,
+                              sh::lse_view<host>::dense({lse_2.data(), lse_2.size()}, q_heads, q_len,
+                                                        sh::lse_base::base2),
+                              qc.softmax_scale);
+    sh::host::observe_queries(policy, view, own.state, qv, {}, qc.softmax_scale);
+    REQUIRE(same_floats(kv_before[0], cache.data[0]));
+    REQUIRE(same_floats(kv_before[1], cache.data[1]));
+
+    for (const state_holder* other : {&natural, &base2, &own}) {
+      INFO((other == &natural ? "natural lse" : other == &base2 ? "base-2 lse" : "no lse"));
+      for (std::int32_t b = 0; b < batch; ++b) {
+        REQUIRE(other->state.step[b] == reference.state.step[b]);
+        REQUIRE(other->state.next_position[b] == reference.state.next_position[b]);
+        REQUIRE(other->state.tracked[b] == reference.state.tracked[b]);
+        for (std::int32_t h = 0; h < H; ++h)
+          for (std::int32_t t = 0; t < cache.length(b); ++t) {
+            const auto i = reference.at(b, h, t);
+            REQUIRE(other->state.positions[i] == reference.state.positions[i]);
+            REQUIRE(same_bits(other->state.observed[i], reference.state.observed[i]));
+            const double want = reference.state.scores[i];
+            const double got = other->state.scores[i];
+            // Scores below 1e-30 are fp32 denormals (probabilities of
+            // e^-69 and less): only an absolute bound makes sense there.
+            const double diff = std::abs(got - want);
+            if (want > 1e-30) worst = std::max(worst, diff / want);
+            INFO("sequence " << b << " head " << h << " slot " << t << ": " << got << " vs " << want);
+            REQUIRE(diff <= qc.tolerance * want + 1e-30);
+            ++compared;
+          }
+      }
+    }
+  }
+  INFO("worst relative difference " << worst);
+  CHECK(compared > 500);
+  // The comparison must be between different computations, not a copy.
+  CHECK(worst > 0.0);
+}
+
+const query_case moderate{3.0f, 0.0f, 1e-5};
+const query_case custom_scale{3.0f, 0.37f, 1e-5};
+const query_case peaky{24.0f, 0.0f, 1e-4};
+
+using mass_mean = sh::eviction_policy<sh::attention_mass, sh::unbounded_history>;
+using mass_max = sh::eviction_policy<sh::attention_mass, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
+using mass_decay = sh::eviction_policy<sh::attention_mass, sh::exponential_decay>;
+
+}  // namespace
+
+TEST_CASE("observe_queries matches observe_probabilities: contiguous HND, GQA mean", "[observe_queries]") {
+  for (const auto& qc : {moderate, custom_scale, peaky})
+    for (std::int32_t group : {1, 4}) {
+      auto cache = make_contiguous(layout_kind::hnd, 3, 2, 16, 24, 5);
+      compare_with_probabilities<mass_mean>(cache, group, qc);
+    }
+}
+
+TEST_CASE("observe_queries matches observe_probabilities: GQA max and decay, padded layout", "[observe_queries]") {
+  for (const auto& qc : {moderate, peaky}) {
+    auto cache = make_contiguous(layout_kind::padded, 3, 2, 16, 24, 6);
+    compare_with_probabilities<mass_max>(cache, 2, qc);
+    auto cache2 = make_contiguous(layout_kind::nhd, 3, 2, 16, 24, 7);
+    compare_with_probabilities<mass_decay>(cache2, 8, qc);
+  }
+}
+
+TEST_CASE("observe_queries matches observe_probabilities: paged cache", "[observe_queries][paged]") {
+  for (std::int32_t page_size : {1, 3, 16}) {
+    INFO("page size " << page_size);
+    paged_cache cache(3, 2, 16, page_size, 24, sh::paged_layout::nhd(page_size, 2, 16),
+                      sh::paged_layout::hnd(page_size, 2, 16), 8);
+    compare_with_probabilities<mass_mean>(cache, 4, moderate);
+  }
+}
