@@ -1,0 +1,172 @@
+// Compile-only checks: the shipped policies satisfy the concepts in
+// policy/concepts.hpp and malformed ones do not, so a wrong policy fails
+// where it is used. A failing check here fails the build. The one runtime
+// test at the end drives a user-defined policy through the host backend.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace sh_test;
+using sh::settings;
+
+// ---- the shipped policies ------------------------------------------------
+static_assert(sh::attention_observation<sh::attention_mass>);
+static_assert(sh::attention_observation<sh::threshold_indicator>);
+static_assert(sh::static_observation<sh::key_norm>);
+static_assert(sh::static_observation<sh::recency>);
+static_assert(sh::static_observation<sh::random_score>);
+static_assert(!sh::static_observation<sh::attention_mass>);
+static_assert(!sh::attention_observation<sh::key_norm>);
+static_assert(sh::observation_policy<sh::attention_mass> && sh::observation_policy<sh::threshold_indicator> &&
+              sh::observation_policy<sh::key_norm> && sh::observation_policy<sh::recency> &&
+              sh::observation_policy<sh::random_score>);
+static_assert(sh::history_policy<sh::unbounded_history>);
+static_assert(sh::history_policy<sh::sliding_window>);
+static_assert(sh::history_policy<sh::exponential_decay>);
+static_assert(sh::protector_policy<sh::recent_window>);
+static_assert(sh::gqa_reduction<sh::gqa_mean>);
+static_assert(sh::gqa_reduction<sh::gqa_max>);
+static_assert(sh::budget_allocator<sh::uniform_budget>);
+static_assert(sh::budget_allocator<sh::ramp_budget>);
+static_assert(sh::budget_allocator<sh::pyramid_budget>);
+static_assert(sh::budget_allocator<sh::explicit_budget>);
+static_assert(sh::budget_allocator<sh::persistence_budget>);
+static_assert(sh::composed_policy<sh::scissorhands_policy>);
+static_assert(sh::composed_policy<sh::h2o_policy>);
+static_assert(sh::composed_policy<sh::streaming_policy>);
+static_assert(sh::composed_policy<sh::random_policy>);
+static_assert(sh::composed_policy<sh::key_norm_policy>);
+static_assert(sh::composed_policy<sh::eviction_policy<sh::attention_mass, sh::exponential_decay, sh::recent_window,
+                                                      sh::gqa_max>>);
+static_assert(!sh::composed_policy<int>);
+static_assert(!sh::composed_policy<sh::settings>);
+static_assert(!sh::composed_policy<sh::attention_mass>);
+
+// Paper defaults and the ring each history needs (1 bit a step for the
+// indicator, one word a step for real-valued observations).
+static_assert(sh::settings{}.window == 400 && sh::settings{}.recent == 10 && sh::settings{}.sinks == 0);
+static_assert(sh::scissorhands_policy{}.ring_words() == 13);
+static_assert(sh::eviction_policy<sh::attention_mass, sh::sliding_window>{}.ring_words() == 400);
+static_assert(sh::h2o_policy{}.ring_words() == 0);
+static_assert(sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay>{}.ring_words() == 0);
+
+// ---- malformed policies --------------------------------------------------
+struct nameless_observation {
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = false;
+  static float contribution(float p, std::int32_t, const settings&) { return p; }
+};
+struct double_contribution {
+  static constexpr const char* name = "double";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = false;
+  static double contribution(float p, std::int32_t, const settings&) { return p; }
+};
+struct no_binary_flag {
+  static constexpr const char* name = "no_binary";
+  static constexpr bool needs_attention = true;
+  static float contribution(float p, std::int32_t, const settings&) { return p; }
+};
+// Says it needs no attention but gives no static score.
+struct static_without_score {
+  static constexpr const char* name = "static_without_score";
+  static constexpr bool needs_attention = false;
+  static constexpr bool binary = false;
+  static float contribution(float p, std::int32_t, const settings&) { return p; }
+};
+static_assert(!sh::observation_policy<nameless_observation>);
+static_assert(!sh::observation_policy<double_contribution>);
+static_assert(!sh::observation_policy<no_binary_flag>);
+static_assert(!sh::observation_policy<static_without_score>);
+static_assert(!sh::observation_policy<sh::unbounded_history>);
+
+struct update_returns_int {
+  static constexpr const char* name = "update_returns_int";
+  static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
+  static int update(float&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) { return 0; }
+};
+struct wide_ring_words {
+  static constexpr const char* name = "wide_ring_words";
+  static constexpr std::int64_t ring_words(const settings&, bool) { return 0; }
+  static void update(float&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) {}
+};
+struct score_by_value {  // cannot write the score back
+  static constexpr const char* name = "score_by_value";
+  static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
+  static void update(float&&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) {}
+};
+static_assert(!sh::history_policy<update_returns_int>);
+static_assert(!sh::history_policy<wide_ring_words>);
+static_assert(!sh::history_policy<score_by_value>);
+static_assert(!sh::history_policy<sh::attention_mass>);
+
+struct narrow_protected_count {
+  static constexpr const char* name = "narrow";
+  static bool is_protected(std::int32_t, std::int32_t, const settings&) { return false; }
+  static constexpr int protected_count(const settings&) { return 0; }
+};
+static_assert(!sh::protector_policy<narrow_protected_count>);
+
+struct gqa_without_finish {
+  static constexpr const char* name = "no_finish";
+  static constexpr float identity() { return 0.0f; }
+  static float combine(float a, float b) { return a + b; }
+};
+struct gqa_double_identity {
+  static constexpr const char* name = "double_identity";
+  static constexpr double identity() { return 0.0; }
+  static float combine(float a, float b) { return a + b; }
+  static float finish(float a, std::int32_t) { return a; }
+};
+static_assert(!sh::gqa_reduction<gqa_without_finish>);
+static_assert(!sh::gqa_reduction<gqa_double_identity>);
+
+struct wide_budget {
+  std::vector<std::int64_t> allocate(std::int64_t, std::int32_t) const { return {}; }
+};
+struct mutable_budget {  // allocate must be callable on a const allocator
+  std::vector<std::int32_t> allocate(std::int64_t, std::int32_t) { return {}; }
+};
+static_assert(!sh::budget_allocator<wide_budget>);
+static_assert(!sh::budget_allocator<mutable_budget>);
+
+// eviction_policy itself refuses malformed parts at the point of use.
+template <class O, class H = sh::unbounded_history, class P = sh::recent_window, class G = sh::gqa_mean>
+concept composable = requires { typename sh::eviction_policy<O, H, P, G>; };
+static_assert(composable<sh::attention_mass>);
+static_assert(!composable<double_contribution>);
+static_assert(!composable<sh::attention_mass, update_returns_int>);
+static_assert(!composable<sh::attention_mass, sh::unbounded_history, narrow_protected_count>);
+static_assert(!composable<sh::attention_mass, sh::unbounded_history, sh::recent_window, gqa_without_finish>);
+
+// ---- a well-formed user policy -------------------------------------------
+// Squared attention mass: sharpens the distinction between heavy and light tokens.
+struct squared_mass {
+  static constexpr const char* name = "squared_mass";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = false;
+  static float contribution(float p, std::int32_t, const settings&) { return p * p; }
+};
+static_assert(sh::attention_observation<squared_mass>);
+static_assert(sh::composed_policy<sh::eviction_policy<squared_mass, sh::unbounded_history>>);
+
+}  // namespace
+
+TEST_CASE("a user-defined observation policy runs through the host backend", "[concepts]") {
+  sh::eviction_policy<squared_mass, sh::unbounded_history> policy;
+  policy.config.recent = 1;
+  contiguous_cache cache = make_contiguous(layout_kind::nhd, 1, 1, 4, 4, 1);
+  cache.lengths[0] = 3;
+  state_holder st(policy, cache.view());
+  const std::vector<float> probs{0.5f, 0.25f, 0.25f};
+  sh::host::observe_probabilities(policy, cache.view(), st.state,
+                                  sh::probability_view<host>::dense({probs.data(), probs.size()}, 1, 1, 3));
+  CHECK(st.state.scores[0] == 0.25f);
+  CHECK(st.state.scores[1] == 0.0625f);
+  CHECK(st.state.scores[2] == 0.0625f);
+}
