@@ -144,7 +144,7 @@ const float* engine::step(std::int32_t token) {
     rope_sin_[i] = std::sin(angle);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::chrono::nanoseconds library{0};
+  std::chrono::nanoseconds library{0}, compress{0};
 
   for (std::int32_t l = 0; l < c.layers; ++l) {
     const layer_weights& w = model_.layers[static_cast<std::size_t>(l)];
@@ -217,8 +217,11 @@ const float* engine::step(std::int32_t token) {
         before_compress(l);
         library -= clock_type::now() - h0;
       }
+      const auto c0 = clock_type::now();
       compressor_->compress(l, cache);
-      library += clock_type::now() - l0;
+      const auto c1 = clock_type::now();
+      library += c1 - l0;
+      compress += c1 - c0;
     }
 
     matvec(xb_.data(), w.wo, att_out_.data(), dim, c.q_heads * hd);
@@ -240,6 +243,7 @@ const float* engine::step(std::int32_t token) {
   matvec(logits_.data(), model_.output, xb_.data(), c.vocab, dim);
   ++position_;
   times_.library += library;
+  times_.compress += compress;
   times_.total += clock_type::now() - t0;
   ++times_.steps;
   return logits_.data();

@@ -63,7 +63,8 @@ class engine {
 
   // Time spent in the library (observe + compress) and in whole steps.
   struct timing {
-    std::chrono::nanoseconds library{0};
+    std::chrono::nanoseconds library{0};  // observe + compress
+    std::chrono::nanoseconds compress{0};  // of which compress
     std::chrono::nanoseconds total{0};
     std::int64_t steps = 0;
   };

@@ -153,6 +153,7 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
     if (tick) tick();
   }
   r.library_seconds = std::chrono::duration<double>(e.times().library).count();
+  r.compress_seconds = std::chrono::duration<double>(e.times().compress).count();
   r.step_seconds = std::chrono::duration<double>(e.times().total).count();
   return r;
 }

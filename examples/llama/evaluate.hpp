@@ -60,6 +60,7 @@ struct run_result {
   double kv_bytes = 0.0;             // peak K/V bytes held (all layers, mean over texts)
   double state_bytes = 0.0;          // the library's state buffers (all layers)
   double library_seconds = 0.0;      // observe + compress
+  double compress_seconds = 0.0;     // of which compress
   double step_seconds = 0.0;         // whole steps
   double nll() const { return predictions ? nll_sum / static_cast<double>(predictions) : 0.0; }
 };

@@ -13,6 +13,7 @@ std::vector<layer_persistence> measure_persistence(const model& m, const std::ve
   if (!(o.split > 0.0 && o.split < 1.0)) throw std::invalid_argument("persistence: split must be in (0, 1)");
   if (!(o.min_fraction >= 0.0 && o.min_fraction <= 1.0))
     throw std::invalid_argument("persistence: min_fraction must be in [0, 1]");
+  if (o.min_age < 0) throw std::invalid_argument("persistence: min_age must be non-negative");
   if (!(o.alpha > 0.0f)) throw std::invalid_argument("persistence: alpha must be positive");
   if (texts.empty()) throw std::invalid_argument("persistence: no texts");
   const model_config& c = m.config;
@@ -53,7 +54,7 @@ std::vector<layer_persistence> measure_persistence(const model& m, const std::ve
         for (std::int32_t i = 0; i < len; ++i) {
           if (!(a[static_cast<std::size_t>(i)] > threshold)) continue;
           ++n_pivotal;
-          if (i < S) ++count[base + static_cast<std::size_t>(i)];
+          if (i < S && t - i >= o.min_age) ++count[base + static_cast<std::size_t>(i)];
         }
         const auto l = static_cast<std::size_t>(layer);
         pivotal[l] += n_pivotal;
@@ -64,16 +65,19 @@ std::vector<layer_persistence> measure_persistence(const model& m, const std::ve
     e.reset();
     for (std::int32_t t = 0; t < T; ++t) e.step(text.tokens[static_cast<std::size_t>(t)]);
     e.on_attention = nullptr;
+    // Steps at which token i counts, and how many of them it must be pivotal at.
     const auto need = [&](std::int32_t stretch_steps) {
       return std::max<std::int32_t>(1, static_cast<std::int32_t>(std::ceil(o.min_fraction * stretch_steps)));
     };
+    const auto steps_e = [&](std::int32_t i) { return std::max(0, S - (i + o.min_age)); };
+    const auto steps_l = [&](std::int32_t i) { return std::max(0, T - std::max(S, i + o.min_age)); };
     for (std::size_t l = 0; l < L; ++l)
       for (std::int32_t u = 0; u < units; ++u) {
         const std::size_t base = (l * static_cast<std::size_t>(units) + static_cast<std::size_t>(u)) *
                                  static_cast<std::size_t>(S);
         for (std::int32_t i = 0; i < S; ++i) {
-          const bool in_e = count_e[base + static_cast<std::size_t>(i)] >= need(S - i);
-          const bool in_l = count_l[base + static_cast<std::size_t>(i)] >= need(T - S);
+          const bool in_e = steps_e(i) > 0 && count_e[base + static_cast<std::size_t>(i)] >= need(steps_e(i));
+          const bool in_l = steps_l(i) > 0 && count_l[base + static_cast<std::size_t>(i)] >= need(steps_l(i));
           early[l] += in_e;
           late[l] += in_l;
           inter[l] += in_e && in_l;
