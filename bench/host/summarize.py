@@ -23,7 +23,7 @@ def load(path):
     for b in data["benchmarks"]:
         if b.get("error_occurred"):
             sys.exit(f"{b['name']}: {b.get('error_message')}")
-        name = re.sub(r"/manual_time$", "", b["run_name"])
+        name = re.sub(r"/(manual|real)_time$", "", b["run_name"])
         if has_median and b.get("aggregate_name") == "cv":
             cv[name] = b["real_time"]  # a fraction: standard deviation / mean
         if has_median and b.get("aggregate_name") != "median":
