@@ -109,20 +109,15 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
 
 }  // namespace
 
-// Wall-clock time, so the rates match the time printed (and compress's
-// manually timed calls).
 void register_observe() {
   for (std::int32_t batch : {1, 8})
     for (std::int32_t length : {512, 2048, 8192}) {
       const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
       benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length)
-          ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries, batch, length, true)
-          ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries, batch, length, false)
-          ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
 }
