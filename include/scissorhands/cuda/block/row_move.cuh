@@ -1,0 +1,91 @@
+#pragma once
+// Row moves for compaction. Rows are contiguous byte ranges; `vec` (16, 8,
+// 4, 2 or 1) is the widest unit that divides every row address and the row
+// size, so K/V rows of aligned caches move 16 bytes at a time.
+#include <cstddef>
+#include <cstdint>
+
+namespace scissorhands::cuda::block {
+
+// Copies unit `unit` (of `vec` bytes) of a row.
+__device__ inline void copy_unit(std::byte* dst, const std::byte* src, std::int64_t unit, int vec) {
+  switch (vec) {
+    case 16:
+      reinterpret_cast<uint4*>(dst)[unit] = reinterpret_cast<const uint4*>(src)[unit];
+      break;
+    case 8:
+      reinterpret_cast<uint2*>(dst)[unit] = reinterpret_cast<const uint2*>(src)[unit];
+      break;
+    case 4:
+      reinterpret_cast<std::uint32_t*>(dst)[unit] = reinterpret_cast<const std::uint32_t*>(src)[unit];
+      break;
+    case 2:
+      reinterpret_cast<std::uint16_t*>(dst)[unit] = reinterpret_cast<const std::uint16_t*>(src)[unit];
+      break;
+    default:
+      dst[unit] = src[unit];
+  }
+}
+
+// Moves `pairs` rows, pair p from row_at(src[p]) to row_at(dst[p]), with all
+// the block's threads. Sources and destinations must be distinct rows.
+template <int Threads, class RowAt>
+__device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, const std::int32_t* src,
+                          const std::int32_t* dst, std::int32_t pairs) {
+  const std::int64_t units = row_bytes / vec;
+  const std::int64_t total = units * pairs;
+  for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
+    const auto p = static_cast<std::int32_t>(i / units);
+    copy_unit(row_at(dst[p]), row_at(src[p]), i - p * units, vec);
+  }
+}
+
+// Shifts the kept rows of [first, len) down in slot order: slot t (not
+// evicted) goes to dst_of(t) <= t. `evicted` is the ascending list of the
+// e evicted slots. Rows are staged through shared memory `stage` a group at
+// a time: every source of a group is read before any of its destinations is
+// written, and a destination is never a later group's source (dst_of(t) <=
+// t), so the shift is safe in place. `dst_slot` holds `max_group` ints.
+template <int Threads, class RowAt>
+__device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, const std::int32_t* evicted,
+                           std::int32_t e, std::int32_t len, std::byte* stage, std::int64_t stage_bytes,
+                           std::int32_t* dst_slot, std::int32_t max_group) {
+  if (e == 0) return;
+  const std::int64_t units = row_bytes / vec;
+  std::int64_t fit = stage_bytes / row_bytes;
+  const bool staged = fit >= 1;
+  const std::int32_t group = staged ? static_cast<std::int32_t>(fit < max_group ? fit : max_group) : 1;
+  for (std::int32_t start = evicted[0] + 1; start < len; start += group) {
+    const std::int32_t count = len - start < group ? len - start : group;
+    // dst_slot[i] for slot start + i: -1 if evicted; else start + i - rank.
+    for (std::int32_t i = threadIdx.x; i < count; i += Threads) {
+      const std::int32_t t = start + i;
+      std::int32_t lo = 0, hi = e;  // rank = #evicted < t
+      while (lo < hi) {
+        const std::int32_t mid = (lo + hi) / 2;
+        if (evicted[mid] < t) lo = mid + 1; else hi = mid;
+      }
+      dst_slot[i] = (lo < e && evicted[lo] == t) ? -1 : t - lo;
+    }
+    __syncthreads();
+    if (staged) {
+      const std::int64_t total = units * count;
+      for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
+        const auto r = static_cast<std::int32_t>(i / units);
+        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes, row_at(start + r), i - r * units, vec);
+      }
+      __syncthreads();
+      for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
+        const auto r = static_cast<std::int32_t>(i / units);
+        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]), stage + r * row_bytes, i - r * units, vec);
+      }
+    } else if (dst_slot[0] >= 0) {
+      // A row larger than the stage: one at a time, straight (its
+      // destination's token has already moved, and the rows are distinct).
+      for (std::int64_t i = threadIdx.x; i < units; i += Threads) copy_unit(row_at(dst_slot[0]), row_at(start), i, vec);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace scissorhands::cuda::block

@@ -1,0 +1,182 @@
+#pragma once
+// What the kernels see of a cache view. Both view kinds (contiguous and
+// paged) reduce to two plain structs passed by value:
+//
+//   sequence_table  lengths and the page table, no element type: the select,
+//                   check and bookkeeping kernels compile once for both
+//                   views and every dtype.
+//   row_table<T>    where the K and V rows are; row_table<std::byte> holds
+//                   byte strides, so compaction compiles once for all dtypes.
+//
+// A run-time `paged` flag costs one uniform branch per row address and
+// halves the kernels nvcc must build.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../../kv_view.hpp"
+#include "../../paged_kv_view.hpp"
+#include "../status.cuh"
+
+namespace scissorhands::cuda::detail {
+
+struct sequence_table {
+  std::int32_t batch = 0;
+  bool paged = false;
+  // contiguous views
+  std::int32_t* lengths = nullptr;
+  std::int32_t capacity = 0;
+  // paged views
+  const std::int32_t* indptr = nullptr;
+  const std::int32_t* indices = nullptr;
+  std::int64_t indices_size = 0;
+  std::int32_t* last_page_len = nullptr;
+  std::int32_t page_size = 0;
+  std::int32_t num_pages = 0;
+  std::int32_t max_pages = 0;
+
+  __device__ std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
+  __device__ std::int32_t length(std::int32_t b) const {
+    if (!paged) return lengths[b];
+    const std::int32_t pages = pages_of(b);
+    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+  // Sets a sequence's length after compaction; returns the trailing pages
+  // it no longer uses (same arithmetic as paged_kv_view::shrink).
+  __device__ std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
+    if (!paged) {
+      lengths[b] = new_length;
+      return 0;
+    }
+    const std::int32_t kept = (new_length + page_size - 1) / page_size;
+    last_page_len[b] = kept == 0 ? 0 : new_length - (kept - 1) * page_size;
+    return pages_of(b) - kept;
+  }
+
+  // The checks host::detail::validate_page_table and validate_common make on
+  // sequence b's entries, done by the whole block (page ids in parallel).
+  // Returns status bits; `length` is only meaningful when they are zero.
+  __device__ std::uint32_t check_sequence(std::int32_t b, std::int32_t& length) const {
+    std::uint32_t bits = 0;
+    length = 0;
+    if (!paged) {
+      length = lengths[b];
+      if (length < 0 || length > capacity) bits |= status_length;
+      return bits;
+    }
+    const std::int32_t begin = indptr[b], end = indptr[b + 1];
+    if (b == 0 && begin != 0) bits |= status_page_table;
+    if (begin < 0 || end < begin || end - begin > max_pages || std::int64_t{end} > indices_size)
+      return bits | status_page_table;
+    const std::int32_t last = last_page_len[b];
+    if (end == begin ? last != 0 : (last < 1 || last > page_size)) return bits | status_page_table;
+    for (std::int32_t i = begin + static_cast<std::int32_t>(threadIdx.x); i < end;
+         i += static_cast<std::int32_t>(blockDim.x))
+      if (indices[i] < 0 || indices[i] >= num_pages) bits |= status_page_table;
+    length = end == begin ? 0 : (end - begin - 1) * page_size + last;
+    return bits;
+  }
+};
+
+template <class T>
+struct row_table {
+  T* k = nullptr;
+  T* v = nullptr;
+  // (sequence or page, head, token) strides in units of T
+  std::int64_t k_stride[3] = {0, 0, 0};
+  std::int64_t v_stride[3] = {0, 0, 0};
+  const std::int32_t* indptr = nullptr;
+  const std::int32_t* indices = nullptr;
+  std::int32_t page_size = 1;
+  bool paged = false;
+
+  __device__ std::int64_t offset(const std::int64_t (&s)[3], std::int32_t b, std::int32_t h, std::int32_t t) const {
+    if (!paged) return std::int64_t{b} * s[0] + std::int64_t{h} * s[1] + std::int64_t{t} * s[2];
+    const std::int32_t page = indices[indptr[b] + t / page_size];
+    return std::int64_t{page} * s[0] + std::int64_t{h} * s[1] + std::int64_t{t % page_size} * s[2];
+  }
+  __device__ T* k_row(std::int32_t b, std::int32_t h, std::int32_t t) const { return k + offset(k_stride, b, h, t); }
+  __device__ T* v_row(std::int32_t b, std::int32_t h, std::int32_t t) const { return v + offset(v_stride, b, h, t); }
+};
+
+template <class T>
+sequence_table make_sequence_table(const kv_view<T, memory_space::device>& view) {
+  sequence_table s;
+  s.batch = view.batch;
+  s.paged = false;
+  s.lengths = view.lengths.data();
+  s.capacity = view.capacity;
+  return s;
+}
+
+template <class T>
+sequence_table make_sequence_table(const paged_kv_view<T, memory_space::device>& view) {
+  sequence_table s;
+  s.batch = view.batch;
+  s.paged = true;
+  s.indptr = view.indptr.data();
+  s.indices = view.indices.data();
+  s.indices_size = static_cast<std::int64_t>(view.indices.size());
+  s.last_page_len = view.last_page_len.data();
+  s.page_size = view.page_size;
+  s.num_pages = view.num_pages;
+  s.max_pages = view.max_pages_per_sequence;
+  return s;
+}
+
+// Rows in units of U: U = T (kernels that read elements) or U = std::byte
+// (compaction, which only moves bytes).
+template <class U, class T>
+row_table<U> make_row_table(const kv_view<T, memory_space::device>& view) {
+  static_assert(std::is_same_v<U, T> || std::is_same_v<U, std::byte>);
+  constexpr std::int64_t scale = std::is_same_v<U, T> ? 1 : static_cast<std::int64_t>(sizeof(T));
+  row_table<U> r;
+  r.k = reinterpret_cast<U*>(view.k.data());
+  r.v = reinterpret_cast<U*>(view.v.data());
+  const kv_layout kl = view.k_layout, vl = view.v_layout;
+  r.k_stride[0] = kl.sequence_stride * scale;
+  r.k_stride[1] = kl.head_stride * scale;
+  r.k_stride[2] = kl.token_stride * scale;
+  r.v_stride[0] = vl.sequence_stride * scale;
+  r.v_stride[1] = vl.head_stride * scale;
+  r.v_stride[2] = vl.token_stride * scale;
+  r.paged = false;
+  return r;
+}
+
+template <class U, class T>
+row_table<U> make_row_table(const paged_kv_view<T, memory_space::device>& view) {
+  static_assert(std::is_same_v<U, T> || std::is_same_v<U, std::byte>);
+  constexpr std::int64_t scale = std::is_same_v<U, T> ? 1 : static_cast<std::int64_t>(sizeof(T));
+  row_table<U> r;
+  r.k = reinterpret_cast<U*>(view.k_pages.data());
+  r.v = reinterpret_cast<U*>(view.v_pages.data());
+  const paged_layout kl = view.k_layout, vl = view.v_layout;
+  r.k_stride[0] = kl.page_stride * scale;
+  r.k_stride[1] = kl.head_stride * scale;
+  r.k_stride[2] = kl.token_stride * scale;
+  r.v_stride[0] = vl.page_stride * scale;
+  r.v_stride[1] = vl.head_stride * scale;
+  r.v_stride[2] = vl.token_stride * scale;
+  r.indptr = view.indptr.data();
+  r.indices = view.indices.data();
+  r.page_size = view.page_size;
+  r.paged = true;
+  return r;
+}
+
+// Largest power of two <= 16 dividing the address of every row of the table
+// (element size, base pointers and byte strides): the widest vector a row
+// move or a row load may use.
+template <class T>
+int row_alignment(const row_table<T>& r, std::int32_t row_elements, bool include_v) {
+  std::uint64_t acc = static_cast<std::uint64_t>(row_elements) * sizeof(T) | reinterpret_cast<std::uintptr_t>(r.k) | 16u;
+  for (auto s : r.k_stride) acc |= static_cast<std::uint64_t>(s) * sizeof(T);
+  if (include_v) {
+    acc |= reinterpret_cast<std::uintptr_t>(r.v);
+    for (auto s : r.v_stride) acc |= static_cast<std::uint64_t>(s) * sizeof(T);
+  }
+  return static_cast<int>(acc & (~acc + 1));  // lowest set bit
+}
+
+}  // namespace scissorhands::cuda::detail

@@ -1,0 +1,230 @@
+#pragma once
+// compress: two kernels per call, one block per (sequence, KV head) each.
+//
+//   select_kernel   checks the sequence (the host's validate_common and
+//                   compress checks), decides on the device whether it
+//                   triggers (length >= budget), selects the e = length -
+//                   budget + m lowest eviction keys among unprotected slots
+//                   and writes their slots, ascending, to the workspace. It
+//                   writes nothing the caller owns except the status word.
+//   compact_kernel  runs only if the status word is still zero (so a launch
+//                   with bad data changes nothing) and moves K, V and state;
+//                   block (b, 0) then sets the sequence's length, tracked
+//                   count and freed pages.
+//
+// Why two: every block must see the sequence's length as it was before the
+// call, and the call must be all-or-nothing. Within one kernel a block of
+// head 5 may start after head 0's block has finished and shrunk the length;
+// across the kernel boundary that cannot happen. The compaction kernel
+// reads the old length from the workspace, never from the cache.
+#include <cstddef>
+#include <cstdint>
+
+#include "../../detail/eviction_key.hpp"
+#include "../../eviction_state.hpp"
+#include "../../policy/eviction_policy.hpp"
+#include "../block/collectives.cuh"
+#include "../block/radix_select.cuh"
+#include "../block/row_move.cuh"
+#include "../detail/tables.cuh"
+#include "../traits.cuh"
+#include "check.cuh"
+
+namespace scissorhands::cuda::detail {
+
+// The workspace: the length each sequence had at the start of the call, and
+// per (sequence, head) the list of evicted slots (max_evict entries).
+struct compress_workspace {
+  std::int32_t* lengths = nullptr;  // [batch]
+  std::int32_t* evicted = nullptr;  // [batch][kv_heads][max_evict]
+  std::int32_t max_evict = 0;
+
+  static constexpr std::size_t alignment = 256;
+  static std::size_t list_offset(std::int32_t batch) {
+    return (static_cast<std::size_t>(batch) * sizeof(std::int32_t) + alignment - 1) / alignment * alignment;
+  }
+  static std::size_t bytes(std::int32_t batch, std::int32_t kv_heads, std::int32_t max_evict) {
+    return list_offset(batch) +
+           static_cast<std::size_t>(batch) * static_cast<std::size_t>(kv_heads) *
+               static_cast<std::size_t>(max_evict) * sizeof(std::int32_t);
+  }
+  __device__ std::int32_t* list(std::int32_t b, std::int32_t h, std::int32_t kv_heads) const {
+    return evicted + (std::int64_t{b} * kv_heads + h) * max_evict;
+  }
+};
+
+// The eviction key of slot t, or ignored_key for a protected token.
+template <class Protector>
+struct key_of_slot {
+  settings cfg;
+  const std::int32_t* positions;
+  const float* scores;
+  const float* observed;
+  std::int32_t next_position;
+  __device__ std::uint64_t operator()(std::int32_t t) const {
+    const std::int32_t position = positions[t];
+    if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
+    return scissorhands::detail::eviction_key(scissorhands::detail::eviction_score(scores[t], observed[t], cfg),
+                                              position);
+  }
+};
+
+struct key_in_tile {
+  const std::uint64_t* keys;
+  __device__ std::uint64_t operator()(std::int32_t t) const { return keys[t]; }
+};
+
+template <class Protector>
+__global__ void __launch_bounds__(select_traits::threads)
+    select_kernel(settings cfg, sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t budget,
+                  compress_workspace ws, std::uint32_t* d_status) {
+  using traits = select_traits;
+  __shared__ std::uint64_t tile[traits::tile_keys];
+  __shared__ block::radix_select_storage<traits::threads> storage;
+  if (*d_status != 0) return;
+  const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
+  sequence_scalars seq;
+  std::uint32_t bits = check_sequence(seqs, state, b, seq);
+  const std::int32_t len = seq.length;
+  if (bits == 0 && len >= budget && seq.tracked != len) bits |= status_untracked;
+  const std::int32_t e = len - budget + cfg.evict_count;
+  if (bits == 0 && len >= budget && e > ws.max_evict) bits |= status_length;  // cannot happen after the checks
+  if (bits != 0) {
+    if (threadIdx.x == 0 && h == 0) atomicOr(d_status, bits);
+    return;
+  }
+  if (h == 0 && threadIdx.x == 0) ws.lengths[b] = len;
+  if (len < budget) return;
+
+  const std::int64_t base = state.index(b, h, 0);
+  const key_of_slot<Protector> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
+                                          seq.next_position};
+  std::int32_t* out = ws.list(b, h, state.shape.kv_heads);
+  std::int32_t listed;
+  if (len <= traits::tile_keys) {
+    const block::key_stats stats = block::gather_key_stats<traits::threads>(
+        from_state, len, [&](std::int32_t t, std::uint64_t key) { tile[t] = key; }, storage);
+    if (stats.count < e) {
+      if (threadIdx.x == 0) atomicOr(d_status, status_positions);
+      return;
+    }
+    const key_in_tile cached{tile};
+    const std::uint64_t threshold = block::radix_select<traits::threads>(cached, len, e, stats, storage);
+    listed = block::list_selected<traits::threads>(cached, len, threshold, out, e, storage);
+  } else {
+    // Beyond shared memory: recompute every key from the state on each pass.
+    const block::key_stats stats =
+        block::gather_key_stats<traits::threads>(from_state, len, [](std::int32_t, std::uint64_t) {}, storage);
+    if (stats.count < e) {
+      if (threadIdx.x == 0) atomicOr(d_status, status_positions);
+      return;
+    }
+    const std::uint64_t threshold = block::radix_select<traits::threads>(from_state, len, e, stats, storage);
+    listed = block::list_selected<traits::threads>(from_state, len, threshold, out, e, storage);
+  }
+  // Unique keys give exactly e; fewer means duplicate positions.
+  if (listed != e && threadIdx.x == 0) atomicOr(d_status, status_positions);
+}
+
+// One row of the state arrays or of K / V, addressed by slot.
+struct strided_rows {
+  std::byte* base;
+  std::int64_t stride;
+  __device__ std::byte* operator()(std::int32_t t) const { return base + t * stride; }
+};
+struct k_rows {
+  row_table<std::byte> rows;
+  std::int32_t b, h;
+  __device__ std::byte* operator()(std::int32_t t) const { return rows.k_row(b, h, t); }
+};
+struct v_rows {
+  row_table<std::byte> rows;
+  std::int32_t b, h;
+  __device__ std::byte* operator()(std::int32_t t) const { return rows.v_row(b, h, t); }
+};
+
+template <int = 0>  // a template so every translation unit may define it
+__global__ void __launch_bounds__(compact_traits::threads)
+    compact_kernel(settings cfg, sequence_table seqs, row_table<std::byte> rows, std::int32_t row_bytes,
+                   std::int32_t vec, eviction_state<memory_space::device> state, std::int32_t budget,
+                   compress_workspace ws, std::int32_t* freed_pages, const std::uint32_t* d_status) {
+  using traits = compact_traits;
+  __shared__ uint4 stage[traits::stage_bytes / sizeof(uint4)];
+  __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::pair_batch];
+  if (*d_status != 0) return;
+  const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t len = ws.lengths[b];
+  if (len < budget) {
+    if (h == 0 && threadIdx.x == 0 && freed_pages != nullptr) freed_pages[b] = 0;
+    return;
+  }
+  const std::int32_t e = len - budget + cfg.evict_count, kept = len - e;
+  const std::int32_t* evicted = ws.list(b, h, state.shape.kv_heads);
+  const std::int64_t base = state.index(b, h, 0);
+  const std::int32_t words = state.shape.ring_words;
+  const int ring_vec = words % 4 == 0 ? 16 : 4;
+  const k_rows k_at{rows, b, h};
+  const v_rows v_at{rows, b, h};
+  const strided_rows pos_at{reinterpret_cast<std::byte*>(state.positions + base), 4};
+  const strided_rows score_at{reinterpret_cast<std::byte*>(state.scores + base), 4};
+  const strided_rows observed_at{reinterpret_cast<std::byte*>(state.observed + base), 4};
+  const strided_rows ring_at{reinterpret_cast<std::byte*>(state.ring_of(base)), std::int64_t{words} * 4};
+
+  if (cfg.compaction_mode == compaction::fill_holes) {
+    // holes: evicted slots below kept (a prefix of the ascending list).
+    std::int32_t lo = 0, hi = e;
+    while (lo < hi) {
+      const std::int32_t mid = (lo + hi) / 2;
+      if (evicted[mid] < kept) lo = mid + 1; else hi = mid;
+    }
+    const std::int32_t holes = lo;
+    const std::int32_t* above = evicted + holes;  // evicted slots >= kept
+    const std::int32_t n_above = e - holes;
+    for (std::int32_t first = 0; first < holes; first += traits::pair_batch) {
+      const std::int32_t pairs = holes - first < traits::pair_batch ? holes - first : traits::pair_batch;
+      // Pair i: the i-th hole takes the i-th surviving slot above kept, both
+      // ascending (the host's pairing). The i-th survivor is kept + i + c,
+      // c = #{j : above[j] - kept - j <= i} (evicted slots before it).
+      for (std::int32_t p = threadIdx.x; p < pairs; p += traits::threads) {
+        const std::int32_t i = first + p;
+        std::int32_t l = 0, r = n_above;
+        while (l < r) {
+          const std::int32_t mid = (l + r) / 2;
+          if (above[mid] - kept - mid <= i) l = mid + 1; else r = mid;
+        }
+        dst_slot[p] = evicted[i];
+        src_slot[p] = kept + i + l;
+      }
+      __syncthreads();
+      block::move_rows<traits::threads>(k_at, row_bytes, vec, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(v_at, row_bytes, vec, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(pos_at, 4, 4, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(score_at, 4, 4, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(observed_at, 4, 4, src_slot, dst_slot, pairs);
+      if (words > 0) block::move_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, src_slot, dst_slot, pairs);
+      __syncthreads();
+    }
+  } else {
+    auto* staging = reinterpret_cast<std::byte*>(stage);
+    block::shift_rows<traits::threads>(k_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                       traits::pair_batch);
+    block::shift_rows<traits::threads>(v_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                       traits::pair_batch);
+    block::shift_rows<traits::threads>(pos_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                       traits::pair_batch);
+    block::shift_rows<traits::threads>(score_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                       traits::pair_batch);
+    block::shift_rows<traits::threads>(observed_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                       traits::pair_batch);
+    if (words > 0)
+      block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, evicted, e, len, staging,
+                                         traits::stage_bytes, dst_slot, traits::pair_batch);
+  }
+  if (h == 0 && threadIdx.x == 0) {
+    const std::int32_t freed = seqs.shrink(b, kept);
+    if (freed_pages != nullptr) freed_pages[b] = freed;
+    state.tracked[b] = kept;
+  }
+}
+
+}  // namespace scissorhands::cuda::detail

@@ -1,0 +1,114 @@
+#pragma once
+// Observe kernels. Every kernel here first reads the status word and does
+// nothing when it is non-zero (the check kernel ran before it on the stream).
+//
+// Per-sequence counters (step, tracked, next_position) are read by every
+// block of a sequence and written by none of them: finalize_kernel updates
+// them after the last block is done, so no block can see a half-updated
+// sequence whatever order blocks run in.
+#include <cstdint>
+
+#include "../../attention_view.hpp"
+#include "../../element.hpp"
+#include "../../eviction_state.hpp"
+#include "../../policy/eviction_policy.hpp"
+#include "../block/collectives.cuh"
+#include "../detail/tables.cuh"
+#include "../traits.cuh"
+
+namespace scissorhands::cuda::detail {
+
+// Admits slot t of head h (host::detail::admit, one slot): its position, a
+// fresh history and, for static policies, its score.
+template <class Obs, class T>
+__device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows, std::int32_t head_dim,
+                                  const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t h,
+                                  std::int32_t t, std::int32_t first, std::int32_t next_position) {
+  const std::int64_t i = state.index(b, h, t);
+  const std::int32_t position = next_position + (t - first);
+  state.positions[i] = position;
+  if constexpr (Obs::needs_attention)
+    state.scores[i] = 0.0f;
+  else
+    state.scores[i] = Obs::static_score(rows.k_row(b, h, t), head_dim, position, h, cfg);
+  state.observed[i] = 0.0f;
+  std::uint32_t* ring = state.ring_of(i);
+  for (std::int32_t w = 0; w < state.shape.ring_words; ++w) ring[w] = 0u;
+}
+
+// Admission only (static policies, cuda::admit). Grid (chunks, kv_heads, batch).
+template <class Obs, class T>
+__global__ void __launch_bounds__(slot_traits::threads)
+    admit_kernel(settings cfg, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
+                 eviction_state<memory_space::device> state, const std::uint32_t* d_status) {
+  if (*d_status != 0) return;
+  const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
+  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
+  const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
+  const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
+  for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
+       t += slot_traits::threads)
+    admit_slot<Obs>(cfg, rows, head_dim, state, b, h, t, first, next);
+}
+
+// Observe from probabilities, fused with admission and the history update.
+// One thread per slot: the same float operations in the same order as
+// host::observe_probabilities (group combine in head order, finish,
+// contribution, history update, steps in order), so the state is
+// bit-identical. Grid (chunks, kv_heads, batch).
+template <class Policy>
+__global__ void __launch_bounds__(slot_traits::threads)
+    observe_probabilities_kernel(Policy policy, sequence_table seqs, eviction_state<memory_space::device> state,
+                                 probability_view<memory_space::device> probs, const std::uint32_t* d_status) {
+  using Obs = typename Policy::observation;
+  using Gqa = typename Policy::gqa;
+  using History = typename Policy::history;
+  if (*d_status != 0) return;
+  const settings& cfg = policy.config;
+  const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
+  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
+  const std::int64_t step0 = state.step[b];
+  const std::int32_t q_len = probs.q_len, group = probs.q_heads / state.shape.kv_heads;
+  const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
+  const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
+  for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < hi; t += slot_traits::threads) {
+    const std::int64_t i = state.index(b, h, t);
+    std::uint32_t* ring = state.ring_of(i);
+    float score, observed;
+    if (t >= first) {
+      state.positions[i] = next + (t - first);
+      score = 0.0f;
+      observed = 0.0f;
+      for (std::int32_t w = 0; w < state.shape.ring_words; ++w) ring[w] = 0u;
+    } else {
+      score = state.scores[i];
+      observed = state.observed[i];
+    }
+    // Query j sees slots < len - q_len + j + 1.
+    const std::int32_t j0 = t - (len - q_len) > 0 ? t - (len - q_len) : 0;
+    for (std::int32_t j = j0; j < q_len; ++j) {
+      const std::int32_t visible = len - q_len + j + 1;
+      float acc = Gqa::identity();
+      for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, probs.row(b, h * group + g, j)[t]);
+      const float c = Obs::contribution(Gqa::finish(acc, group), visible, cfg);
+      History::update(score, observed, ring, step0 + j, c, cfg, Obs::binary);
+    }
+    state.scores[i] = score;
+    state.observed[i] = observed;
+  }
+}
+
+// Per-sequence counters, after every block of the observe launch: as
+// host::detail::admit (next_position, tracked) and observe (step).
+template <bool Attention>
+__global__ void finalize_kernel(sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t q_len,
+                                const std::uint32_t* d_status) {
+  const auto b = static_cast<std::int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (b >= seqs.batch || *d_status != 0) return;
+  const std::int32_t len = seqs.length(b);
+  state.next_position[b] += len - state.tracked[b];
+  state.tracked[b] = len;
+  if constexpr (Attention) state.step[b] += q_len;
+}
+
+}  // namespace scissorhands::cuda::detail

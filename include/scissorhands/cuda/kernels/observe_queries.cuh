@@ -1,0 +1,371 @@
+#pragma once
+// Fused observe from queries: per (sequence, KV head), q.k for the group's
+// query heads, probabilities exp(q.k * scale - lse), GQA combine,
+// observation and history update, in one pass over K.
+//
+// Fast paths (head_dim 64/128/256, 16-byte aligned rows): a lane group
+// issues the 16-byte loads of `rows` K rows at once, multiplies them with a
+// tile of query heads held in registers, and reduce-scatters the rows x
+// queries partial dots (each butterfly step halves what a lane keeps, 15
+// shuffles instead of 64 for 16 values over 16 lanes). Each lane then
+// computes the exp of the value(s) it holds, and lane r of the group
+// gathers row r's probabilities in head order, combines them and updates
+// that row's state: no divergent per-row loop. Generic paths: one row a
+// round, queries read from shared memory, plain butterflies.
+//
+// With the log-sum-exp given, blocks split a head's slots in chunks (one
+// read of K). Without, one block per head first computes the normaliser
+// (online max / sum of exp: a second read of K), as the host does. Prefill
+// (q_len > 1) loops over the queries in order, so each slot sees its steps
+// in the host's order. Rows are visited in warp-uniform rounds so the
+// shuffles never diverge.
+#include <cstdint>
+
+#include "../../attention_view.hpp"
+#include "../../element.hpp"
+#include "../../eviction_state.hpp"
+#include "../../host/observe.hpp"
+#include "../block/collectives.cuh"
+#include "../detail/tables.cuh"
+#include "../traits.cuh"
+#include "observe.cuh"
+
+namespace scissorhands::cuda::detail {
+
+// 16 bytes of elements to floats (exact conversions).
+template <class T, int N>
+__device__ inline void unpack(const uint4& raw, float* out) {
+  static_assert(N * sizeof(T) == 16);
+  T e[N];
+  static_assert(sizeof(e) == sizeof(raw));
+  __builtin_memcpy(e, &raw, sizeof(raw));
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+}
+
+// Reduce-scatter over aligned groups of Lanes lanes: on entry every lane
+// has V partial values; on exit the lane with group rank `rank` holds the
+// group sums of values [first(rank), first(rank) + held) in v[0..held).
+template <int V, int Lanes>
+__device__ inline void reduce_scatter(float (&v)[V], int rank) {
+  int count = V;
+#pragma unroll
+  for (int offset = Lanes / 2; offset > 0; offset /= 2) {
+    if (count > 1) {
+      const bool upper = (rank & offset) != 0;
+      const int half = count / 2;
+#pragma unroll
+      for (int i = 0; i < V / 2; ++i) {
+        if (i >= half) break;
+        const float send = upper ? v[i] : v[i + half];
+        const float keep = upper ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(block::full_mask, send, offset);
+      }
+      count = half;
+    } else {
+      v[0] += __shfl_xor_sync(block::full_mask, v[0], offset);
+    }
+  }
+}
+
+struct lane_geometry {
+  int lanes, rank, group_in_warp, group_lane0, rows_per_warp;
+};
+
+// Fast path: everything known at compile time.
+template <class T, int HeadDim>
+struct fixed_qk {
+  using traits = qk_traits<T, HeadDim>;
+  static constexpr int NQ = traits::max_queries, R = traits::rows, V = traits::values;
+  static constexpr int slice = traits::per_lane * traits::vec;
+
+  __device__ static void load_queries(float (&qreg)[NQ][slice], const float* q_tile, int nq, int head_dim,
+                                      int rank) {
+#pragma unroll
+    for (int q = 0; q < NQ; ++q)
+#pragma unroll
+      for (int i = 0; i < traits::per_lane; ++i)
+#pragma unroll
+        for (int e = 0; e < traits::vec; ++e)
+          qreg[q][i * traits::vec + e] =
+              q < nq ? q_tile[q * head_dim + (rank + i * traits::lanes) * traits::vec + e] : 0.0f;
+  }
+
+  // Loads this lane's part of R rows (zeros for invalid rows).
+  __device__ static void load_rows(const T* const (&krow)[R], const bool (&valid)[R], int rank,
+                                   float (&kf)[R][slice]) {
+    uint4 raw[R][traits::per_lane];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < traits::per_lane; ++i)
+        raw[r][i] = valid[r] ? __ldg(reinterpret_cast<const uint4*>(krow[r]) + rank + i * traits::lanes)
+                             : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < traits::per_lane; ++i) unpack<T, traits::vec>(raw[r][i], &kf[r][i * traits::vec]);
+  }
+
+  // v[r * NQ + q] after the scatter: see reduce_scatter.
+  __device__ static void dots(const float (&kf)[R][slice], const float (&qreg)[NQ][slice], int rank, float (&v)[V]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int q = 0; q < NQ; ++q) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int x = 0; x < slice; ++x) acc = fmaf(qreg[q][x], kf[r][x], acc);
+        v[r * NQ + q] = acc;
+      }
+    reduce_scatter<V, traits::lanes>(v, rank);
+  }
+  // The first value index a lane holds, and which lane holds index idx.
+  __device__ static int first_held(int rank) {
+    return traits::values >= traits::lanes ? rank * traits::held : rank / traits::copies;
+  }
+  __device__ static int holder(int idx) {
+    return traits::values >= traits::lanes ? idx / traits::held : idx * traits::copies;
+  }
+};
+
+// Generic paths: one row a round; queries from shared memory.
+template <class T, int HeadDim>
+__device__ inline void generic_dots(const T* krow, bool valid, const float* q_tile, int nq, int head_dim,
+                                    const lane_geometry& geo, float (&out)[qk_traits<T, HeadDim>::max_queries]) {
+  using traits = qk_traits<T, HeadDim>;
+  constexpr int NQ = traits::max_queries;
+  float acc[NQ];
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) acc[q] = 0.0f;
+  if (valid) {
+    if constexpr (traits::scalar) {
+      for (int d = geo.rank; d < head_dim; d += geo.lanes) {
+        const float k = to_float(krow[d]);
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+          if (q < nq) acc[q] = fmaf(q_tile[q * head_dim + d], k, acc[q]);
+      }
+    } else {
+      constexpr int vec = traits::vec;
+      const int nv = head_dim / vec;
+      for (int v = geo.rank; v < nv; v += geo.lanes) {
+        float kf[vec];
+        unpack<T, vec>(__ldg(reinterpret_cast<const uint4*>(krow) + v), kf);
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+          if (q < nq) {
+            const float* qv = q_tile + q * head_dim + v * vec;
+#pragma unroll
+            for (int e = 0; e < vec; ++e) acc[q] = fmaf(qv[e], kf[e], acc[q]);
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) out[q] = block::group_sum(acc[q], geo.lanes);
+}
+
+// Grid (chunks, kv_heads, batch); dynamic shared memory: group * head_dim floats.
+template <class Policy, class T, class Q, int HeadDim>
+__global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, HeadDim>::min_blocks)
+    observe_queries_kernel(Policy policy, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
+                           eviction_state<memory_space::device> state, query_view<Q, memory_space::device> queries,
+                           lse_view<memory_space::device> lse, float scale, std::int32_t chunk,
+                           const std::uint32_t* d_status) {
+  using traits = qk_traits<T, HeadDim>;
+  using fixed = fixed_qk<T, HeadDim>;
+  using Obs = typename Policy::observation;
+  using Gqa = typename Policy::gqa;
+  using History = typename Policy::history;
+  constexpr int NQ = traits::max_queries;
+  constexpr int R = traits::rows;
+  extern __shared__ float q_tile[];  // [group][head_dim]: this step's queries
+  __shared__ float norm[host::max_group_size];
+  __shared__ float warp_m[traits::warps][NQ], warp_s[traits::warps][NQ];
+
+  if (*d_status != 0) return;
+  const settings& cfg = policy.config;
+  const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
+  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
+  const std::int64_t step0 = state.step[b];
+  const std::int32_t q_len = queries.q_len, group = queries.q_heads / state.shape.kv_heads;
+  const bool given = lse.present();
+  const std::int32_t lo = given ? static_cast<std::int32_t>(blockIdx.x) * chunk : 0;
+  const std::int32_t hi = given ? (len - lo < chunk ? len : lo + chunk) : len;
+  if (lo >= hi) return;
+
+  for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
+       t += traits::threads)
+    admit_slot<Obs>(cfg, rows, head_dim, state, b, h, t, first, next);
+
+  lane_geometry geo;
+  if constexpr (traits::fixed || traits::scalar) {
+    geo.lanes = traits::lanes;
+  } else {
+    const int nv = head_dim / traits::vec;
+    geo.lanes = 1;
+    while (geo.lanes * 2 <= (nv < 32 ? nv : 32)) geo.lanes *= 2;
+  }
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  geo.rank = lane % geo.lanes;
+  geo.group_in_warp = lane / geo.lanes;
+  geo.group_lane0 = lane - geo.rank;
+  geo.rows_per_warp = (32 / geo.lanes) * R;
+  const std::int32_t rows_per_round = geo.rows_per_warp * traits::warps;
+  const bool one_tile = group <= NQ;
+  float qreg[NQ][traits::fixed ? fixed::slice : 1];
+
+  // Visits rows [from, to) in warp-uniform rounds: body(first row of the
+  // lane's group, rows valid, row pointers).
+  auto for_rows = [&](std::int32_t from, std::int32_t to, auto&& body) {
+    for (std::int32_t base = from + warp * geo.rows_per_warp; base < to; base += rows_per_round) {
+      const std::int32_t t0 = base + geo.group_in_warp * R;
+      bool valid[R];
+      const T* krow[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        valid[r] = t0 + r < to;
+        krow[r] = valid[r] ? rows.k_row(b, h, t0 + r) : nullptr;
+      }
+      body(t0, valid, krow);
+    }
+  };
+  // Merges every lane's normaliser for tile query q into norm[g0 + q].
+  auto finish_normaliser = [&](block::softmax_acc (&acc)[NQ], std::int32_t g0, int nq) {
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const block::softmax_acc w = block::warp_merge(acc[q]);
+      if (lane == 0) {
+        warp_m[warp][q] = w.m;
+        warp_s[warp][q] = w.s;
+      }
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < nq) {
+      block::softmax_acc all;
+      for (int w = 0; w < traits::warps; ++w) {
+        block::softmax_acc part;
+        part.m = warp_m[w][threadIdx.x];
+        part.s = warp_s[w][threadIdx.x];
+        all = block::softmax_acc::merge(all, part);
+      }
+      norm[g0 + threadIdx.x] = all.m + logf(all.s);
+    }
+    __syncthreads();
+  };
+  // Lane `rank` < R: the state update of row t0 + rank with its combined probability.
+  auto record = [&](std::int32_t t, float combined, std::int64_t step, std::int32_t visible) {
+    const std::int64_t i = state.index(b, h, t);
+    float score = state.scores[i], observed = state.observed[i];
+    const float c = Obs::contribution(Gqa::finish(combined, group), visible, cfg);
+    History::update(score, observed, state.ring_of(i), step, c, cfg, Obs::binary);
+    state.scores[i] = score;
+    state.observed[i] = observed;
+  };
+
+  for (std::int32_t j = 0; j < q_len; ++j) {
+    const std::int32_t visible = len - q_len + j + 1;
+    __syncthreads();  // admission done; the previous step's tile is no longer read
+    for (std::int32_t x = threadIdx.x; x < group * head_dim; x += traits::threads) {
+      const std::int32_t g = x / head_dim;
+      q_tile[x] = to_float(queries.row(b, h * group + g, j)[x - g * head_dim]);
+    }
+    if (given)
+      for (std::int32_t g = threadIdx.x; g < group; g += traits::threads) norm[g] = lse.natural(b, h * group + g, j);
+    __syncthreads();
+
+    if (!given) {
+      // The normaliser of each query head over its visible slots.
+      for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
+        const int nq = group - g0 < NQ ? group - g0 : NQ;
+        const float* tile = q_tile + g0 * head_dim;
+        block::softmax_acc acc[NQ];
+        if constexpr (traits::fixed) {
+          fixed::load_queries(qreg, tile, nq, head_dim, geo.rank);
+          const int first_idx = fixed::first_held(geo.rank);
+          for_rows(0, visible, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+            float kf[R][fixed::slice];
+            fixed::load_rows(krow, valid, geo.rank, kf);
+            float v[traits::values];
+            fixed::dots(kf, qreg, geo.rank, v);
+            if (geo.rank % traits::copies == 0)  // one copy of each value counts
+#pragma unroll
+              for (int i = 0; i < traits::held; ++i) {
+                const int idx = first_idx + i, r = idx / NQ, q = idx % NQ;
+#pragma unroll
+                for (int qq = 0; qq < NQ; ++qq)  // static register index
+                  if (qq == q && q < nq && t0 + r < visible) acc[qq].add(v[i] * scale);
+              }
+          });
+        } else {
+          for_rows(0, visible, [&](std::int32_t, const bool (&valid)[R], const T* const (&krow)[R]) {
+            float d[NQ];
+            generic_dots<T, HeadDim>(krow[0], valid[0], tile, nq, head_dim, geo, d);
+            if (geo.rank == 0 && valid[0])
+#pragma unroll
+              for (int q = 0; q < NQ; ++q)
+                if (q < nq) acc[q].add(d[q] * scale);
+          });
+        }
+        finish_normaliser(acc, g0, nq);
+      }
+    }
+
+    const std::int32_t end = hi < visible ? hi : visible;
+    if (end <= lo) continue;
+    const std::int64_t step = step0 + j;
+    if constexpr (traits::fixed) {
+      if (one_tile) fixed::load_queries(qreg, q_tile, group, head_dim, geo.rank);
+      const int first_idx = fixed::first_held(geo.rank);
+      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+        float kf[R][fixed::slice];
+        fixed::load_rows(krow, valid, geo.rank, kf);
+        float combined = Gqa::identity();  // lane rank < R: row t0 + rank
+        for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
+          const int nq = group - g0 < NQ ? group - g0 : NQ;
+          if (!one_tile) fixed::load_queries(qreg, q_tile + g0 * head_dim, nq, head_dim, geo.rank);
+          float v[traits::values];
+          fixed::dots(kf, qreg, geo.rank, v);
+          float p[traits::held];
+#pragma unroll
+          for (int i = 0; i < traits::held; ++i) {
+            const int q = (first_idx + i) % NQ;
+            p[i] = q < nq ? expf(v[i] * scale - norm[g0 + q]) : 0.0f;
+          }
+          // Row `rank`'s probabilities, gathered in head order.
+          const int my_row = geo.rank < R ? geo.rank : 0;
+#pragma unroll
+          for (int q = 0; q < NQ; ++q) {
+            if (q >= nq) break;  // uniform
+            const int idx = my_row * NQ + q;
+            const int src = geo.group_lane0 + fixed::holder(idx);
+            float mine = 0.0f;
+#pragma unroll
+            for (int i = 0; i < traits::held; ++i) {
+              const float x = __shfl_sync(block::full_mask, p[i], src);
+              if (i == idx - fixed::first_held(fixed::holder(idx))) mine = x;
+            }
+            combined = Gqa::combine(combined, mine);
+          }
+        }
+        if (geo.rank < R && t0 + geo.rank < end) record(t0 + geo.rank, combined, step, visible);
+      });
+    } else {
+      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+        float combined = Gqa::identity();
+        for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
+          const int nq = group - g0 < NQ ? group - g0 : NQ;
+          float d[NQ];
+          generic_dots<T, HeadDim>(krow[0], valid[0], q_tile + g0 * head_dim, nq, head_dim, geo, d);
+#pragma unroll
+          for (int q = 0; q < NQ; ++q)
+            if (q < nq) combined = Gqa::combine(combined, expf(d[q] * scale - norm[g0 + q]));
+        }
+        if (geo.rank == 0 && valid[0]) record(t0, combined, step, visible);
+      });
+    }
+  }
+}
+
+}  // namespace scissorhands::cuda::detail
