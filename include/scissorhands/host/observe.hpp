@@ -63,6 +63,10 @@ void validate_common(const char* fn, const Policy& policy, const View& cache,
                 std::int64_t{state.next_position[b]} + (len - state.tracked[b]) <= std::numeric_limits<std::int32_t>::max(),
             fn, "state.next_position", "[", b, "] = ", state.next_position[b], " leaves no int32 position for ",
             len - state.tracked[b], " new tokens");
+    // Steps index the history ring (step mod window): a negative one would
+    // write before it, one near INT64_MAX would overflow when q_len is added.
+    require(state.step[b] >= 0 && state.step[b] <= (std::int64_t{1} << 62), fn, "state.step", "[", b, "] = ",
+            state.step[b], " must be in [0, 2^62]: the state is damaged (reset_sequence to start over)");
   }
 }
 
