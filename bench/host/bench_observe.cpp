@@ -9,8 +9,10 @@
 //          (batch * 32 query heads * length * 4 bytes; the validation pass
 //          reads them a second time, which is not counted);
 //   observe_queries: + the queries and K. K is read once with the kernel's
-//          log-sum-exp, three times without (max pass, sum pass, scoring
-//          pass, as host/observe.hpp does it), and counted as often.
+//          log-sum-exp; without it host/observe.hpp makes a max pass and a
+//          sum pass over the head's keys for each query head of the group,
+//          then the scoring pass: 2 * group + 1 = 9 reads, counted as such
+//          (from L2 or L3: a head's keys are 256 KiB at B = 512, 4 MiB at 8192).
 // items = (sequence, KV head, token) triples observed.
 #include <cmath>
 #include <vector>
@@ -98,7 +100,7 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
     benchmark::ClobberMemory();
   }
   const auto tokens = static_cast<std::int64_t>(l.tokens());
-  const std::int64_t k_passes = with_lse ? 1 : 3;
+  const std::int64_t k_passes = with_lse ? 1 : 2 * group + 1;
   const std::int64_t per_call = tokens * static_cast<std::int64_t>(state_observe_bytes) +
                                 k_passes * tokens * head_dim * static_cast<std::int64_t>(sizeof(float)) +
                                 static_cast<std::int64_t>(q.size() * sizeof(float)) +
