@@ -1,0 +1,377 @@
+// CUDA backend benchmarks at Llama-3-8B shapes: 32 query heads, 8 KV heads,
+// head_dim 128, bf16 K/V, NHD, Scissorhands policy (w = 400, r = 10), batch
+// 1/8/32/64, budget 512/2048/8192, every sequence holding `budget` tokens.
+//
+//   copy                   cudaMemcpyAsync device to device of the layer's K
+//                          and V: the bandwidth every figure is compared to,
+//                          measured in the same run (bytes read + written).
+//   observe_queries        decode step (q_len 1) with the log-sum-exp given:
+//                          one read of K.
+//   observe_probabilities  decode step from [batch][32][budget] fp32
+//                          probabilities.
+//   compress m=1 / m=B/16  each timed call triggers on every sequence
+//                          (length == budget, e = m) on a state restored
+//                          (untimed) from a pristine copy: positions 0..B-1,
+//                          Scissorhands-like window counts floor(401 u^3)
+//                          as scores (many ties), so selection does real work.
+//
+// Timing: manual, with CUDA events around one call on a stream kept busy by
+// a short spin kernel while the host enqueues it, so the host's launch
+// overhead is not counted but the gaps between the call's own kernels are;
+// a fixed number of iterations (200; SCISSORHANDS_BENCH_ITERATIONS). The
+// reported time is the mean of those calls. Counters:
+//   us_per_call   the same mean, in microseconds;
+//   us_back_to_back  observe: mean of 20 calls issued back to back;
+//   GBps          effective bandwidth: the bytes the call must move (reads +
+//                 writes, listed per benchmark) per second;
+//   pct_copy      GBps as a percentage of the copy bandwidth (a 512 MiB
+//                 cudaMemcpyAsync, bytes read + written, measured at start);
+//   k_pct_copy    observe_queries: bytes of K read per second as a
+//                 percentage of the copy bandwidth (target >= 70%);
+//   floor_us      the layer's K and V at `budget` divided by the copy
+//                 bandwidth: reading the layer once, the floor of any
+//                 decode attention;
+//   frac_floor    call time / floor (target, compress m = 1: < 0.10);
+//   frac_floor_per_step  compress: call time / m / floor (target, m = 128
+//                 at B = 2048: < 0.02).
+// Without a CUDA device the binary prints why and exits 77.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <scissorhands/scissorhands.cuh>
+
+namespace {
+
+namespace sh = scissorhands;
+using T = __nv_bfloat16;
+constexpr int kv_heads = 8, q_heads = 32, head_dim = 128;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+#define CHECK(x) check((x), #x)
+
+template <class X>
+struct device_array {
+  X* p = nullptr;
+  std::size_t n = 0;
+  explicit device_array(std::size_t count) : n(count) { CHECK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(X))); }
+  ~device_array() { cudaFree(p); }
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+};
+
+__device__ inline std::uint32_t hash32(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<std::uint32_t>((x ^ (x >> 31)) >> 32);
+}
+__device__ inline float unit(std::uint64_t x) { return static_cast<float>(hash32(x) >> 8) * (1.0f / 16777216.0f); }
+
+__global__ void fill_bf16(T* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = __float2bfloat16(2.0f * unit(seed + i) - 1.0f);
+}
+__global__ void fill_float(float* p, std::size_t n, float lo, float hi, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = lo + (hi - lo) * unit(seed + i);
+}
+__global__ void fill_int(std::int32_t* p, std::size_t n, std::int32_t value) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = value;
+}
+// A mid-decode state: every slot tracked, positions 0..budget-1 per head,
+// scores as Scissorhands window counts, observed min(age, w).
+__global__ void fill_state(sh::eviction_state<sh::memory_space::device> st, std::int32_t budget, std::int32_t window) {
+  const std::size_t tokens = std::size_t{static_cast<unsigned>(st.shape.batch)} * st.shape.kv_heads * st.shape.capacity;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < tokens; i += std::size_t{gridDim.x} * blockDim.x) {
+    const auto t = static_cast<std::int32_t>(i % st.shape.capacity);
+    const float u = unit(i * 7 + 3);
+    st.positions[i] = t;
+    st.scores[i] = floorf(401.0f * u * u * u);
+    st.observed[i] = static_cast<float>(min(budget - t, window));
+    for (int w = 0; w < st.shape.ring_words; ++w) st.ring[i * st.shape.ring_words + w] = hash32(i * 131 + w);
+  }
+  for (std::size_t b = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; b < static_cast<std::size_t>(st.shape.batch);
+       b += std::size_t{gridDim.x} * blockDim.x) {
+    st.step[b] = 1000;
+    st.next_position[b] = budget;
+    st.tracked[b] = budget;
+  }
+}
+// Keeps the stream busy while the host enqueues the timed call.
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+constexpr int fill_blocks = 1024, fill_threads = 256;
+
+// One layer at (batch, budget): cache, state, inputs.
+struct layer {
+  int batch, budget, capacity;
+  sh::scissorhands_policy policy;
+  std::size_t kv_elements;
+  device_array<T> k, v, queries;
+  device_array<std::int32_t> lengths, freed;
+  device_array<float> probs, lse;
+  std::unique_ptr<device_array<std::byte>> state_buf, pristine, workspace;
+  device_array<std::uint32_t> status;
+  sh::eviction_state<sh::memory_space::device> state;
+  std::size_t state_size = 0, workspace_bytes = 0;
+  cudaStream_t stream;
+
+  layer(int batch_, int budget_)
+      : batch(batch_),
+        budget(budget_),
+        capacity(budget_ + 16),
+        kv_elements(static_cast<std::size_t>(batch_) * capacity * kv_heads * head_dim),
+        k(kv_elements),
+        v(kv_elements),
+        queries(static_cast<std::size_t>(batch_) * q_heads * head_dim),
+        lengths(batch_),
+        freed(batch_),
+        probs(static_cast<std::size_t>(batch_) * q_heads * budget_),
+        lse(static_cast<std::size_t>(batch_) * q_heads),
+        status(1) {
+    policy.config.window = 400;
+    policy.config.recent = 10;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    fill_bf16<<<fill_blocks, fill_threads, 0, stream>>>(k.p, k.n, 1);
+    fill_bf16<<<fill_blocks, fill_threads, 0, stream>>>(v.p, v.n, 2);
+    fill_bf16<<<fill_blocks, fill_threads, 0, stream>>>(queries.p, queries.n, 3);
+    fill_float<<<fill_blocks, fill_threads, 0, stream>>>(probs.p, probs.n, 0.0f, 2.0f / budget, 4);
+    fill_float<<<fill_blocks, fill_threads, 0, stream>>>(lse.p, lse.n, 4.0f, 8.0f, 5);
+    fill_int<<<fill_blocks, fill_threads, 0, stream>>>(lengths.p, lengths.n, budget);
+    const sh::state_shape shape = sh::state_shape_for(policy, view());
+    state_size = sh::state_bytes(shape);
+    state_buf = std::make_unique<device_array<std::byte>>(state_size);
+    pristine = std::make_unique<device_array<std::byte>>(state_size);
+    state = sh::make_state(sh::device_span<std::byte>(state_buf->p, state_size), shape);
+    const auto clean = sh::make_state(sh::device_span<std::byte>(pristine->p, state_size), shape);
+    fill_state<<<fill_blocks, fill_threads, 0, stream>>>(clean, budget, policy.config.window);
+    CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream));
+    CHECK(cudaMemsetAsync(status.p, 0, sizeof(std::uint32_t), stream));
+    CHECK(sh::cuda::compress(nullptr, workspace_bytes, policy, view(), state, budget, {}, status.p, stream));
+    workspace = std::make_unique<device_array<std::byte>>(workspace_bytes);
+    CHECK(cudaStreamSynchronize(stream));
+  }
+  ~layer() { cudaStreamDestroy(stream); }
+
+  sh::device_kv_view<T> view() const {
+    return sh::make_kv_view(sh::device_span<T>(k.p, k.n), sh::device_span<T>(v.p, v.n),
+                            sh::device_span<std::int32_t>(lengths.p, lengths.n), batch, kv_heads, head_dim, capacity,
+                            sh::named_layout::nhd);
+  }
+  std::size_t tokens() const { return static_cast<std::size_t>(batch) * kv_heads * budget; }
+  double kv_bytes() const { return 2.0 * tokens() * head_dim * sizeof(T); }  // the layer's K and V at `budget`
+  double k_bytes() const { return tokens() * head_dim * sizeof(T); }
+  void restore() {
+    CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream));
+    fill_int<<<(batch + 255) / 256, 256, 0, stream>>>(lengths.p, lengths.n, budget);
+  }
+  void require_ok(benchmark::State& s) {
+    std::uint32_t w = 0;
+    CHECK(cudaMemcpy(&w, status.p, sizeof w, cudaMemcpyDeviceToHost));
+    if (w != 0) s.SkipWithError(("status word: " + sh::cuda::describe_status(w)).c_str());
+  }
+};
+
+double g_copy_bandwidth = 0.0;  // bytes read + written per second
+long long g_spin_cycles = 0;
+int g_iterations = 200;  // SCISSORHANDS_BENCH_ITERATIONS overrides
+
+// Times `call` once per iteration between events, the stream kept busy by
+// a spin kernel while the host enqueues it; `prepare` runs untimed before.
+// Returns the mean seconds per call.
+template <class Prepare, class Call>
+double time_calls(benchmark::State& s, cudaStream_t stream, Prepare&& prepare, Call&& call) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  double total = 0.0;
+  std::int64_t calls = 0;
+  for (auto _ : s) {
+    prepare();
+    spin<<<1, 1, 0, stream>>>(g_spin_cycles);
+    CHECK(cudaEventRecord(start, stream));
+    call();
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    s.SetIterationTime(ms * 1e-3);
+    total += ms * 1e-3;
+    ++calls;
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return total / static_cast<double>(std::max<std::int64_t>(1, calls));
+}
+
+// Mean seconds per call of `calls` back-to-back calls (no gap between them).
+template <class Call>
+double time_back_to_back(cudaStream_t stream, int calls, Call&& call) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  spin<<<1, 1, 0, stream>>>(g_spin_cycles * 4);
+  CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < calls; ++i) call();
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return ms * 1e-3 / calls;
+}
+
+void report(benchmark::State& s, const layer& l, double bytes_moved, double seconds_per_call) {
+  const double floor = l.kv_bytes() / g_copy_bandwidth;
+  s.counters["us_per_call"] = seconds_per_call * 1e6;
+  s.counters["GBps"] = bytes_moved / seconds_per_call * 1e-9;
+  s.counters["pct_copy"] = 100.0 * bytes_moved / seconds_per_call / g_copy_bandwidth;
+  s.counters["frac_floor"] = seconds_per_call / floor;
+  s.counters["floor_us"] = floor * 1e6;
+}
+
+void bm_copy(benchmark::State& s, int batch, int budget) {
+  layer l(batch, budget);
+  const std::size_t bytes = l.kv_elements * sizeof(T);
+  device_array<std::byte> dst(2 * bytes);
+  const double t = time_calls(s, l.stream, [] {}, [&] {
+    CHECK(cudaMemcpyAsync(dst.p, l.k.p, bytes, cudaMemcpyDeviceToDevice, l.stream));
+    CHECK(cudaMemcpyAsync(dst.p + bytes, l.v.p, bytes, cudaMemcpyDeviceToDevice, l.stream));
+  });
+  report(s, l, 4.0 * bytes, t);
+}
+
+// Bytes observe must move per call besides K or the probabilities: each
+// token's score and observed count read and written, and one ring word read
+// and written (one step of the window).
+double observe_state_bytes(const layer& l) { return l.tokens() * (2.0 * 8 + 2.0 * 4); }
+
+void bm_observe_queries(benchmark::State& s, int batch, int budget) {
+  layer l(batch, budget);
+  const auto q = sh::query_view<T, sh::memory_space::device>::dense({l.queries.p, l.queries.n}, q_heads, 1, head_dim);
+  const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1);
+  auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.status.p, l.stream)); };
+  const double t = time_calls(s, l.stream, [] {}, call);
+  l.require_ok(s);
+  report(s, l, l.k_bytes() + observe_state_bytes(l), t);
+  s.counters["k_pct_copy"] = 100.0 * l.k_bytes() / t / g_copy_bandwidth;
+  s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
+}
+
+void bm_observe_probabilities(benchmark::State& s, int batch, int budget) {
+  layer l(batch, budget);
+  const auto pv = sh::probability_view<sh::memory_space::device>::dense({l.probs.p, l.probs.n}, q_heads, 1, budget);
+  auto call = [&] { CHECK(sh::cuda::observe_probabilities(l.policy, l.view(), l.state, pv, l.status.p, l.stream)); };
+  const double t = time_calls(s, l.stream, [] {}, call);
+  l.require_ok(s);
+  // The check kernel reads the probabilities too: counted twice.
+  report(s, l, 2.0 * l.probs.n * sizeof(float) + observe_state_bytes(l), t);
+  s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
+}
+
+// Bytes compress must move: position, score and observed count of every
+// token read (selection), and per evicted token its hole filled: K and V
+// rows and its state (12 bytes + ring) read and written.
+void bm_compress(benchmark::State& s, int batch, int budget, int m) {
+  layer l(batch, budget);
+  l.policy.config.evict_count = m;
+  // m changes the workspace size.
+  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.status.p, l.stream));
+  l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
+  const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
+    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.status.p,
+                             l.stream));
+  });
+  l.require_ok(s);
+  const double ring = 4.0 * l.state.shape.ring_words;
+  const double moved = l.tokens() * 12.0 +
+                       static_cast<double>(batch) * kv_heads * m * 2.0 * (2.0 * head_dim * sizeof(T) + 12.0 + ring);
+  report(s, l, moved, t);
+  s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
+}
+
+// The copy bandwidth every figure is compared to: 512 MiB device to device.
+double measure_copy_bandwidth() {
+  const std::size_t bytes = std::size_t{512} << 20;
+  device_array<std::byte> a(bytes), b(bytes);
+  CHECK(cudaMemset(a.p, 1, bytes));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < 12; ++i) {
+    CHECK(cudaEventRecord(start));
+    CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2] * 1e-3;
+  return 2.0 * bytes / median;  // read + write
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("%s: no CUDA device (%s): skipping\n", argv[0], err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  int clock_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  g_spin_cycles = static_cast<long long>(clock_khz) * 30 / 1000;  // ~30 us
+  if (const char* it = std::getenv("SCISSORHANDS_BENCH_ITERATIONS")) g_iterations = std::max(1, std::atoi(it));
+  g_copy_bandwidth = measure_copy_bandwidth();
+  std::printf("device: %s (sm_%d%d, %d SMs); copy bandwidth (read + write): %.0f GB/s\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, g_copy_bandwidth * 1e-9);
+  benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("copy_GBps", std::to_string(g_copy_bandwidth * 1e-9));
+
+  for (int batch : {1, 8, 32, 64})
+    for (int budget : {512, 2048, 8192}) {
+      const std::string shape = "/batch:" + std::to_string(batch) + "/budget:" + std::to_string(budget);
+      // Fixed iteration counts: each iteration syncs, and a time-based count
+      // would run 10^5 iterations of a 5 us call.
+      auto setup = [](benchmark::internal::Benchmark* b) {
+        b->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(g_iterations);
+      };
+      setup(benchmark::RegisterBenchmark(("copy" + shape).c_str(), bm_copy, batch, budget));
+      setup(benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), bm_observe_queries, batch, budget));
+      setup(benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), bm_observe_probabilities, batch,
+                                         budget));
+      for (int m : {1, budget / 16})
+        setup(benchmark::RegisterBenchmark(("compress" + shape + "/m:" + std::to_string(m)).c_str(), bm_compress,
+                                           batch, budget, m));
+    }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
