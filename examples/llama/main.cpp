@@ -105,14 +105,14 @@ void add_text_options(CLI::App* app, text_options& t) {
       ->check(CLI::ExistingFile);
   app->add_option("--tokens", t.token_files, "token-id file(s): whitespace-separated ids, used as they are")
       ->check(CLI::ExistingFile);
-  app->add_option("--samples", t.samples, "texts sampled from the full-cache model when no file is given")
+  app->add_option("--samples", t.samples, "texts sampled from the full-cache model when no file is given")->capture_default_str()
       ->check(CLI::Range(1, 10000));
-  app->add_option("--length", t.length, "tokens per sampled text (BOS included); trained context is 512")
+  app->add_option("--length", t.length, "tokens per sampled text (BOS included); trained context is 512")->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
-  app->add_option("--sample-seed", t.sample_seed, "seed of the first sampled text (text k uses seed + k)");
-  app->add_option("--sample-temperature", t.sample_temperature, "temperature of the sampled texts")
+  app->add_option("--sample-seed", t.sample_seed, "seed of the first sampled text (text k uses seed + k)")->capture_default_str();
+  app->add_option("--sample-temperature", t.sample_temperature, "temperature of the sampled texts")->capture_default_str()
       ->check(CLI::Range(0.0f, 10.0f));
-  app->add_option("--sample-top-p", t.sample_top_p, "top-p of the sampled texts")->check(CLI::Range(0.01f, 1.0f));
+  app->add_option("--sample-top-p", t.sample_top_p, "top-p of the sampled texts")->capture_default_str()->check(CLI::Range(0.01f, 1.0f));
 }
 
 std::vector<eval_text> load_texts(const text_options& t, const model& m, const tokenizer* tok, std::string& what) {
@@ -349,10 +349,10 @@ int main(int argc, char** argv) {
   common_options common;
   app.add_option("--model", common.model_path,
                  "GGUF model (default: $SCISSORHANDS_MODEL, else ../shared/models/stories260K.gguf beside the repo)");
-  app.add_option("--layout", common.layout, "the engine's KV layout: nhd or hnd")->check(CLI::IsMember({"nhd", "hnd"}));
+  app.add_option("--layout", common.layout, "the engine's KV layout: nhd or hnd")->capture_default_str()->check(CLI::IsMember({"nhd", "hnd"}));
   app.add_option("--observe", common.observe,
                  "what the library observes: probs (the engine's softmax), queries (recomputed from Q and K), "
-                 "queries-lse (with the engine's log-sum-exp)")
+                 "queries-lse (with the engine's log-sum-exp)")->capture_default_str()
       ->check(CLI::IsMember({"probs", "queries", "queries-lse"}));
   app.add_flag("--require-model", common.require_model, "exit 77 (CTest: skipped) when no model is found");
   app.add_option("--threads", common.threads, "worker threads for the evaluate grid (0: hardware, at most 8)")
@@ -368,12 +368,12 @@ int main(int argc, char** argv) {
   bool no_stop = false;
   policy_options gen_opts;
   gen->add_option("--prompt,-p", prompt, "prompt text (empty: start from BOS alone)");
-  gen->add_option("--steps,-n", steps, "tokens to generate")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--temperature,-t", temperature, "0 = greedy")->check(CLI::Range(0.0f, 10.0f));
-  gen->add_option("--top-p", top_p, "nucleus sampling mass")->check(CLI::Range(0.01f, 1.0f));
-  gen->add_option("--seed", seed, "sampling seed");
-  gen->add_option("--policy", gen_policy, "policy spec, or 'full' for an uncompressed cache. " + policy_help());
-  gen->add_option("--budget,-B", gen_budget, "KV budget B: tokens per head and layer (mean over layers)")
+  gen->add_option("--steps,-n", steps, "tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  gen->add_option("--temperature,-t", temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0f, 10.0f));
+  gen->add_option("--top-p", top_p, "nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.01f, 1.0f));
+  gen->add_option("--seed", seed, "sampling seed")->capture_default_str();
+  gen->add_option("--policy", gen_policy, "policy spec, or 'full' for an uncompressed cache. " + policy_help())->capture_default_str();
+  gen->add_option("--budget,-B", gen_budget, "KV budget B: tokens per head and layer (mean over layers)")->capture_default_str()
       ->check(CLI::Range(1, 1 << 24));
   gen->add_flag("--no-stop", no_stop, "keep going past BOS/EOS (the model emits BOS between stories)");
   add_policy_options(gen, gen_opts);
@@ -390,12 +390,12 @@ int main(int argc, char** argv) {
   bool no_plot = false;
   policy_options ev_opts;
   text_options ev_texts;
-  ev->add_option("--policies", policies, "policy specs (space-separated). " + policy_help());
-  ev->add_option("--budgets", budgets, "budgets B (mean tokens per head and layer), comma-separated")
+  ev->add_option("--policies", policies, "policy specs (space-separated). " + policy_help())->capture_default_str();
+  ev->add_option("--budgets", budgets, "budgets B (mean tokens per head and layer), comma-separated")->capture_default_str()
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 24));
-  ev->add_option("--csv", csv, "where to write the CSV");
-  ev->add_option("--plot", png, "where to draw the plot (PNG, via scripts/plot_nll.sh and gnuplot)");
+  ev->add_option("--csv", csv, "where to write the CSV")->capture_default_str();
+  ev->add_option("--plot", png, "where to draw the plot (PNG, via scripts/plot_nll.sh and gnuplot)")->capture_default_str();
   ev->add_flag("--no-plot", no_plot, "skip the plot");
   add_policy_options(ev, ev_opts);
   add_text_options(ev, ev_texts);
@@ -406,14 +406,14 @@ int main(int argc, char** argv) {
   persistence_options pe_opts;
   std::string pe_gqa = "mean";
   add_text_options(pe, pe_texts);
-  pe->add_option("--split", pe_opts.split, "the earlier stretch is steps [0, split * T)")->check(CLI::Range(0.01, 0.99));
+  pe->add_option("--split", pe_opts.split, "the earlier stretch is steps [0, split * T)->capture_default_str()")->check(CLI::Range(0.01, 0.99));
   pe->add_option("--min-fraction", pe_opts.min_fraction,
-                 "pivotal in a stretch = above average at >= this fraction of its steps (0: at least one step)")
+                 "pivotal in a stretch = above average at >= this fraction of its steps (0: at least one step)")->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  pe->add_option("--alpha", pe_opts.alpha, "pivotal at a step: a > alpha / n");
+  pe->add_option("--alpha", pe_opts.alpha, "pivotal at a step: a > alpha / n")->capture_default_str();
   pe->add_option("--min-age", pe_opts.min_age,
                  "count a token as pivotal only at steps at least this many after its own (0: every step, the "
-                 "paper; 10 = the recent window r)")
+                 "paper; 10 = the recent window r)")->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   pe->add_flag("--per-query-head", pe_opts.per_query_head, "per query head instead of per KV head");
   pe->add_option("--gqa", pe_gqa, "reduction over a KV head's query heads: mean or max")
