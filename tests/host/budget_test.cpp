@@ -45,7 +45,7 @@ TEST_CASE("uniform budget: equal shares, the remainder to the earliest layers", 
     }
 }
 
-TEST_CASE("ramp budget grows toward later layers; pyramid shrinks", "[budget]") {
+TEST_CASE("ramp budget grows toward later layers, pyramid shrinks", "[budget]") {
   for (double slope : {0.0, 0.25, 0.5, 0.9})
     for (auto L : layer_counts)
       for (auto total : totals) {

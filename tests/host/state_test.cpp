@@ -67,7 +67,7 @@ TEST_CASE("reset_state zeroes every sequence", "[state]") {
   for (std::size_t i = 0; i < buf.size(); ++i) REQUIRE(buf.data()[i] == std::byte{0});
 }
 
-TEST_CASE("reset_sequence forgets one sequence; the others and the oracle carry on", "[state]") {
+TEST_CASE("reset_sequence forgets one sequence, the others and the oracle carry on", "[state]") {
   sim_spec spec;
   spec.kv_heads = 2;
   spec.group = 2;
