@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(select_traits::threads)
     const std::uint64_t threshold = block::radix_select<traits::threads>(from_state, len, e, stats, storage);
     listed = block::list_selected<traits::threads>(from_state, len, threshold, out, e, storage);
   }
-  // Unique keys give exactly e; fewer means duplicate positions.
+  // Unique keys (unique positions) list exactly e; duplicates, which only a
+  // damaged state has, are clipped to the lowest slots. Defensive only.
   if (listed != e && threadIdx.x == 0) atomicOr(d_status, status_positions);
 }
 
