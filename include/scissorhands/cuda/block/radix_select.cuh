@@ -103,11 +103,11 @@ __device__ std::uint64_t radix_select(KeyAt key_at, std::int32_t n, std::int32_t
       const std::uint32_t exclusive = inclusive - total;
       if (exclusive < remaining && remaining <= inclusive) {
         std::uint32_t before = exclusive;
-        int d = 0;
-        while (before + bins[d] < remaining) before += bins[d++];
-        s.digit = static_cast<std::uint32_t>(lane * 8 + d);
+        int d = lane * 8;  // shared memory, not bins[]: no local-memory array
+        while (before + s.hist[d] < remaining) before += s.hist[d++];
+        s.digit = static_cast<std::uint32_t>(d);
         s.before = before;
-        s.in_bucket = bins[d];
+        s.in_bucket = s.hist[d];
       }
     }
     __syncthreads();

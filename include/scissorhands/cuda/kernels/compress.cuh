@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cub/block/block_reduce.cuh>
+
 #include "../../detail/eviction_key.hpp"
 #include "../../eviction_state.hpp"
 #include "../../policy/eviction_policy.hpp"
@@ -69,6 +71,19 @@ struct key_of_slot {
   }
 };
 
+// The lowest key and its slot, and how many keys were seen (e == 1).
+struct lowest_key {
+  std::uint64_t key;
+  std::int32_t slot;
+  std::int32_t count;
+};
+struct lowest_key_op {
+  __device__ lowest_key operator()(const lowest_key& a, const lowest_key& b) const {
+    const lowest_key& low = (b.key < a.key || (b.key == a.key && b.slot < a.slot)) ? b : a;
+    return {low.key, low.slot, a.count + b.count};
+  }
+};
+
 struct key_in_tile {
   const std::uint64_t* keys;
   __device__ std::uint64_t operator()(std::int32_t t) const { return keys[t]; }
@@ -81,6 +96,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   using traits = select_traits;
   __shared__ std::uint64_t tile[traits::tile_keys];
   __shared__ block::radix_select_storage<traits::threads> storage;
+  __shared__ typename cub::BlockReduce<lowest_key, traits::threads>::TempStorage lowest_storage;
   if (*d_status != 0) return;
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   sequence_scalars seq;
@@ -100,6 +116,24 @@ __global__ void __launch_bounds__(select_traits::threads)
   const key_of_slot<Protector> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
                                           seq.next_position};
   std::int32_t* out = ws.list(b, h, state.shape.kv_heads);
+  if (e == 1) {
+    // m = 1 at the budget, the decode steady state: an argmin, one pass.
+    lowest_key mine{block::ignored_key, -1, 0};
+    for (std::int32_t t = threadIdx.x; t < len; t += traits::threads) {
+      const std::uint64_t key = from_state(t);
+      if (key == block::ignored_key) continue;
+      ++mine.count;
+      if (key < mine.key) mine = {key, t, mine.count};
+    }
+    const lowest_key all = cub::BlockReduce<lowest_key, traits::threads>(lowest_storage).Reduce(mine, lowest_key_op{});
+    if (threadIdx.x == 0) {
+      if (all.count < 1)
+        atomicOr(d_status, status_positions);
+      else
+        out[0] = all.slot;
+    }
+    return;
+  }
   std::int32_t listed;
   if (len <= traits::tile_keys) {
     const block::key_stats stats = block::gather_key_stats<traits::threads>(
