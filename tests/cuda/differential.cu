@@ -3,7 +3,8 @@
 //   differential  random configurations (dtypes, layouts incl. paged and
 //                 mixed K/V layouts, policies, GQA groups, head_dims incl.
 //                 odd ones, ragged lengths, m, both compaction modes, q_len,
-//                 both observe paths), several steps each. After every
+//                 both observe paths, admit, reset_sequence), several steps
+//                 each. After every
 //                 observe the state is compared; after every compress the
 //                 lengths, freed pages, state and kept K/V rows. Exact
 //                 (bitwise) everywhere except the scores of
@@ -330,6 +331,13 @@ bool run_case(const config& c, mismatch_log& log) {
   auto download_state = [&] { d_state_buf.download(snapshot.data(), state_bytes); };
 
   for (int step = 0; step < c.steps; ++step) {
+    // 0. Now and then the engine reuses a batch slot for a new request.
+    if (step > 0 && coin(rng, 0.15)) {
+      const int b = uniform(rng, 0, B - 1), start = uniform(rng, 0, 1000);
+      sh::host::reset_sequence(hst, b, start);
+      CUDA_CHECK(sh::cuda::reset_sequence(dst, b, start));
+      len[b] = 0;
+    }
     // 1. The engine appends tokens (ragged; at least one when observing).
     for (int b = 0; b < B; ++b) {
       int add;
@@ -372,7 +380,12 @@ bool run_case(const config& c, mismatch_log& log) {
       q_len = step == 0 ? uniform(rng, 1, std::min(8, min_len)) : (coin(rng, 0.8) ? 1 : uniform(rng, 1, std::min(3, min_len)));
     }
     const bool queries = c.path != 0;
-    if (!queries) {
+    if (!attention && coin(rng)) {
+      // Static policies: admit is all observe does; check the entry point too.
+      sh::host::admit(policy, hview, hst);
+      CUDA_CHECK(sh::cuda::admit(policy, dview, dst, status.data()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+    } else if (!queries) {
       const int cols = std::max(1, max_len + (c.padded ? 5 : 0));
       std::vector<float> probs(static_cast<std::size_t>(B) * QH * q_len * cols,
                                std::numeric_limits<float>::quiet_NaN());  // never read beyond visible
