@@ -120,9 +120,14 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
                 scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg), state.positions[i]),
             t};
       }
-      // The `evict` smallest keys, in linear time; keys are unique (positions are).
-      std::nth_element(candidates, candidates + (evict - 1), candidates + count,
-                       [](const detail::candidate& a, const detail::candidate& c) { return a.key < c.key; });
+      // The `evict` smallest keys, in linear time; keys are unique (positions
+      // are). One eviction (m = 1 at the budget) is a plain minimum scan,
+      // several times cheaper than nth_element's partitioning.
+      const auto by_key = [](const detail::candidate& a, const detail::candidate& c) { return a.key < c.key; };
+      if (evict == 1)
+        std::iter_swap(candidates, std::min_element(candidates, candidates + count, by_key));
+      else
+        std::nth_element(candidates, candidates + (evict - 1), candidates + count, by_key);
       std::memset(evicted, 0, static_cast<std::size_t>(len));
       for (std::int32_t k = 0; k < evict; ++k) evicted[candidates[k].slot] = 1;
       if (cfg.compaction_mode == compaction::fill_holes) {

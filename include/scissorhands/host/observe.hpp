@@ -5,7 +5,7 @@
 // observe_probabilities: the engine hands over attention probabilities.
 // observe_queries: the library recomputes them from the queries and the
 //   cached keys, with the attention kernel's log-sum-exp when given (one read
-//   of K) or its own normaliser (two reads).
+//   of K per query) or its own online normaliser (two reads).
 // Both admit new tokens first (slots tracked..length-1 get the next
 // positions); with a static observation policy (key_norm, recency,
 // random_score) that is all they do. Neither allocates; both validate every
@@ -227,36 +227,53 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
     const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
     const std::int32_t group = queries.q_heads / cache.kv_heads;
     float norm[max_group_size];
-    const auto logit = [&](const Q* q, const T* k) {
-      float dot = 0.0f;
-      for (std::int32_t x = 0; x < d; ++x) dot = fmaf(to_float(q[x]), to_float(k[x]), dot);
-      return dot * scale;
+    const Q* q_rows[max_group_size];
+    float logits[max_group_size];
+    // The group's logits against one key row, computed together so K is read
+    // once per row and the group's dot products run as independent chains.
+    const auto group_logits = [&](const T* k) {
+      for (std::int32_t g = 0; g < group; ++g) logits[g] = 0.0f;
+      for (std::int32_t x = 0; x < d; ++x) {
+        const float kx = to_float(k[x]);
+        for (std::int32_t g = 0; g < group; ++g) logits[g] += to_float(q_rows[g][x]) * kx;
+      }
+      for (std::int32_t g = 0; g < group; ++g) logits[g] *= scale;
     };
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
       for (std::int32_t h = 0; h < cache.kv_heads; ++h)
         for (std::int32_t j = 0; j < queries.q_len; ++j) {
           const std::int32_t visible = len - queries.q_len + j + 1;
-          for (std::int32_t g = 0; g < group; ++g) {
-            const std::int32_t qh = h * group + g;
-            if (lse.present()) {
-              norm[g] = lse.natural(b, qh, j);
-              continue;
+          for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
+          if (lse.present()) {
+            for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
+          } else {
+            // Own normaliser: an online log-sum-exp per query head (running
+            // max, sum rescaled when the max grows), one extra read of K.
+            float run_max[max_group_size];
+            float run_sum[max_group_size];
+            for (std::int32_t g = 0; g < group; ++g) {
+              run_max[g] = -std::numeric_limits<float>::infinity();
+              run_sum[g] = 0.0f;
             }
-            // Own normaliser: max then sum of exp, the stable log-sum-exp.
-            float m = -std::numeric_limits<float>::infinity();
-            for (std::int32_t t = 0; t < visible; ++t) m = std::max(m, logit(queries.row(b, qh, j), cache.k_row(b, h, t)));
-            float sum = 0.0f;
-            for (std::int32_t t = 0; t < visible; ++t)
-              sum += std::exp(logit(queries.row(b, qh, j), cache.k_row(b, h, t)) - m);
-            norm[g] = m + std::log(sum);
+            for (std::int32_t t = 0; t < visible; ++t) {
+              group_logits(cache.k_row(b, h, t));
+              for (std::int32_t g = 0; g < group; ++g) {
+                if (logits[g] > run_max[g]) {
+                  run_sum[g] = run_sum[g] * std::exp(run_max[g] - logits[g]) + 1.0f;
+                  run_max[g] = logits[g];
+                } else {
+                  run_sum[g] += std::exp(logits[g] - run_max[g]);
+                }
+              }
+            }
+            for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
           }
           const std::int64_t step = state.step[b] + j;
           for (std::int32_t t = 0; t < visible; ++t) {
-            const T* k = cache.k_row(b, h, t);
+            group_logits(cache.k_row(b, h, t));
             float acc = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g)
-              acc = Gqa::combine(acc, std::exp(logit(queries.row(b, h * group + g, j), k) - norm[g]));
+            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
             detail::record(policy, state, state.index(b, h, t), step, Gqa::finish(acc, group), visible);
           }
         }
