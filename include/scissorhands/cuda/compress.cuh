@@ -7,6 +7,8 @@
 // kernels/compress.cuh): selection, then compaction gated on *d_status, so
 // a launch whose data fails a device check changes nothing (status.cuh).
 // Whether a sequence triggers (length >= budget) is decided on the device.
+// One workspace serves every layer of a stream (calls run in order); give
+// concurrent streams their own.
 #include <cuda_runtime.h>
 
 #include <cstddef>
