@@ -41,7 +41,13 @@ struct paged_kv_view {
   SCISSORHANDS_HOST_DEVICE std::int32_t num_sequences() const { return batch; }
   SCISSORHANDS_HOST_DEVICE std::int32_t num_kv_heads() const { return kv_heads; }
   SCISSORHANDS_HOST_DEVICE std::int32_t row_size() const { return head_dim; }
-  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const { return max_pages_per_sequence * page_size; }
+  // In 64 bits and clamped: workspace and state sizes are computed from it
+  // before validation has bounded the product (validate_shape refuses one
+  // above INT32_MAX).
+  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const {
+    const std::int64_t slots = std::int64_t{max_pages_per_sequence} * page_size;
+    return slots > INT32_MAX ? INT32_MAX : (slots < 0 ? 0 : static_cast<std::int32_t>(slots));
+  }
   SCISSORHANDS_HOST_DEVICE std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
   SCISSORHANDS_HOST_DEVICE std::int32_t capacity_of(std::int32_t b) const { return pages_of(b) * page_size; }
   SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const {
