@@ -63,7 +63,8 @@ struct paged_kv_view {
   // Sets a sequence's length after compaction; returns how many trailing
   // pages of its list no longer hold a token.
   SCISSORHANDS_HOST_DEVICE std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
-    const std::int32_t kept = (new_length + page_size - 1) / page_size;
+    // In 64 bits: new_length + page_size - 1 can pass INT32_MAX.
+    const auto kept = static_cast<std::int32_t>((std::int64_t{new_length} + page_size - 1) / page_size);
     last_page_len[b] = kept == 0 ? 0 : new_length - (kept - 1) * page_size;
     return pages_of(b) - kept;
   }
