@@ -105,7 +105,7 @@ void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
           std::int64_t{view.max_pages_per_sequence} * view.page_size);
   require(view.indptr.data() != nullptr, fn, "cache.indptr", "must not be null");
   require(view.indptr.size() == static_cast<std::size_t>(view.batch) + 1, fn, "cache.indptr",
-          "must hold batch + 1 = ", view.batch + 1, " entries, got ", view.indptr.size());
+          "must hold batch + 1 = ", std::int64_t{view.batch} + 1, " entries, got ", view.indptr.size());
   require(view.last_page_len.data() != nullptr, fn, "cache.last_page_len", "must not be null");
   require(view.last_page_len.size() == static_cast<std::size_t>(view.batch), fn, "cache.last_page_len",
           "must hold batch = ", view.batch, " entries, got ", view.last_page_len.size());
