@@ -136,7 +136,8 @@ template <class T>
 void validate_page_table(const char* fn, const paged_kv_view<T, memory_space::host>& view) {
   require(view.indptr[0] == 0, fn, "cache.indptr", "must start at 0, got ", view.indptr[0]);
   for (std::int32_t b = 0; b < view.batch; ++b) {
-    const std::int32_t pages = view.indptr[b + 1] - view.indptr[b];
+    // In 64 bits: a garbage indptr[b + 1] far below indptr[b] overflows int32.
+    const std::int64_t pages = std::int64_t{view.indptr[b + 1]} - view.indptr[b];
     require(pages >= 0, fn, "cache.indptr", "must be non-decreasing; indptr[", b + 1, "] = ", view.indptr[b + 1],
             " < indptr[", b, "] = ", view.indptr[b]);
     require(pages <= view.max_pages_per_sequence, fn, "cache.indptr", "gives sequence ", b, " ", pages,
