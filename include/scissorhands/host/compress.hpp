@@ -52,11 +52,15 @@ inline bool is_protected(const Policy& policy, const eviction_state<memory_space
 template <class View>
 std::size_t compress_workspace_bytes(const View& cache) {
   const auto slots = static_cast<std::size_t>(std::max(cache.max_capacity(), 0));
-  return slots * sizeof(detail::candidate) + slots;  // candidates + evicted flags
+  std::size_t bytes = slots * sizeof(detail::candidate) + slots;  // candidates + evicted flags
+  if constexpr (requires { cache.num_pages; })
+    bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
+  return bytes;
 }
 
 // Evicts and compacts. `freed_pages` (paged views only; batch entries) gets
-// the number of trailing pages each sequence no longer uses.
+// the number of trailing pages each sequence no longer uses. The workspace
+// is scratch: its bytes are unspecified after the call, refused or not.
 template <class Policy, class View>
   requires composed_policy<Policy>
 void compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
@@ -95,6 +99,26 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
       for (std::int32_t t = 0; t < len; ++t) free += !detail::is_protected(policy, state, b, state.index(b, h, t));
       detail::require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
                       " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
+    }
+  }
+  if constexpr (paged) {
+    // A page compress rewrites must be listed once: a page that another
+    // sequence (prefix sharing) or the same list also names would see rows
+    // move under it. One mark per pool page in the workspace, cleared only
+    // where the table points, so the check costs O(pages listed).
+    auto* mark = reinterpret_cast<unsigned char*>(workspace.data()) +
+                 static_cast<std::size_t>(cache.max_capacity()) * (sizeof(detail::candidate) + 1);
+    const std::int32_t listed = cache.indptr[cache.batch];
+    for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
+    for (std::int32_t b = 0; b < cache.batch; ++b)
+      if (cache.length(b) >= budget)
+        for (std::int32_t i = cache.indptr[b]; i < cache.indptr[b + 1]; ++i) mark[cache.indices[i]] = 1;
+    for (std::int32_t i = 0; i < listed; ++i) {
+      unsigned char& seen = mark[cache.indices[i]];
+      detail::require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
+                      " names a page that compress rewrites (its sequence is at the budget) and that is listed more "
+                      "than once: shared pages cannot be compacted in place");
+      if (seen == 1) seen = 2;
     }
   }
 
