@@ -208,6 +208,9 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
                     queries.data.size(), " values but the view reaches ", need);
     detail::require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
                     "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+    // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
+    detail::require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
+                    lse.data.size());
     if (lse.present()) {
       for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
         detail::require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
