@@ -185,18 +185,28 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
 inline std::size_t release_freed_pages(host_span<std::int32_t> indptr, host_span<std::int32_t> indices,
                                        host_span<const std::int32_t> freed_pages, host_span<std::int32_t> released) {
   const char* fn = "host::release_freed_pages";
-  detail::require(!indptr.empty() && freed_pages.size() + 1 == indptr.size(), fn, "freed_pages",
+  detail::require(!indptr.empty() && indptr.data() != nullptr, fn, "indptr", "must hold batch + 1 entries, got ",
+                  indptr.size(), indptr.data() == nullptr ? " at a null pointer" : "");
+  detail::require(freed_pages.size() + 1 == indptr.size(), fn, "freed_pages",
                   "must hold indptr.size() - 1 entries, got ", freed_pages.size());
+  detail::require(freed_pages.empty() || freed_pages.data() != nullptr, fn, "freed_pages", "must not be null");
+  // The table is read and rewritten in place: it must be a CSR table from 0
+  // (a negative start would read before indices).
+  detail::require(indptr[0] == 0, fn, "indptr", "must start at 0, got ", indptr[0]);
   std::size_t total = 0;
   for (std::size_t b = 0; b < freed_pages.size(); ++b) {
-    const std::int32_t pages = indptr[b + 1] - indptr[b];
+    const std::int64_t pages = std::int64_t{indptr[b + 1]} - indptr[b];  // 64 bits: garbage must not overflow
+    detail::require(pages >= 0, fn, "indptr", "must be non-decreasing; indptr[", b + 1, "] = ", indptr[b + 1],
+                    " < indptr[", b, "] = ", indptr[b]);
     detail::require(freed_pages[b] >= 0 && freed_pages[b] <= pages, fn, "freed_pages", "[", b, "] must be in [0, ",
                     pages, "], got ", freed_pages[b]);
     total += static_cast<std::size_t>(freed_pages[b]);
   }
   detail::require(released.size() >= total, fn, "released", "must hold ", total, " entries, got ", released.size());
+  detail::require(total == 0 || released.data() != nullptr, fn, "released", "must not be null");
   detail::require(static_cast<std::size_t>(indptr[freed_pages.size()]) <= indices.size(), fn, "indices",
                   "holds fewer entries than indptr[batch] = ", indptr[freed_pages.size()]);
+  detail::require(indptr[freed_pages.size()] == 0 || indices.data() != nullptr, fn, "indices", "must not be null");
   std::size_t out = 0;
   std::int32_t write = 0;
   for (std::size_t b = 0; b < freed_pages.size(); ++b) {
