@@ -3,7 +3,7 @@
 # CUDA, Google Benchmark and GoogleTest come with the image). Idempotent.
 set -euo pipefail
 need=()
-for pkg in cmake g++ catch2 libbenchmark-dev ccache libcli11-dev gnuplot-nox clang libclang-rt-14-dev; do
+for pkg in cmake g++ catch2 libbenchmark-dev ccache libcli11-dev gnuplot-nox clang libclang-rt-14-dev clang-tidy; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Stage 10: the host tests, the fuzz corpus replay and the static tests built
+# with AddressSanitizer + UndefinedBehaviorSanitizer (g++) in their own build
+# directory, and run. Every report aborts its test (-fno-sanitize-recover=all,
+# abort_on_error), so any report fails CI. CUDA, llama, install test,
+# benchmarks and examples are left out: they add no host code paths.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${SCISSORHANDS_ASAN_BUILD_DIR:-build-asan}
+jobs=${SCISSORHANDS_JOBS:-$(nproc)}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+  -DSCISSORHANDS_ENABLE_CUDA=OFF -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
+  -DSCISSORHANDS_SKIP_DIRS="cuda;llama;install" "${launcher[@]}" >/dev/null
+cmake --build "$build" -j "$jobs"
+export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ctest --test-dir "$build" --output-on-failure -j "$jobs"
