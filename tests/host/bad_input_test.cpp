@@ -501,6 +501,12 @@ TEST_CASE("bad input: compress before the new tokens were observed", "[bad_input
   check_refused(f, "host::compress", "state", [&] { compress_with(f, f.view(), 10); });
 }
 
+TEST_CASE("bad input: negative tracked count", "[bad_input]") {
+  contiguous_fixture f;
+  f.state.tracked[1] = -1;
+  check_refused(f, "host::observe_probabilities", "cache length", [&] { observe_with(f, f.view()); });
+}
+
 TEST_CASE("bad input: damaged next_position", "[bad_input]") {
   contiguous_fixture f;
   f.state.next_position[1] = -5;
@@ -583,6 +589,14 @@ TEST_CASE("bad input: GQA group above the supported size", "[bad_input]") {
                 [&] { sh::host::observe_probabilities(f.policy, f.view(), f.state, p); });
 }
 
+TEST_CASE("bad input: no query heads", "[bad_input]") {
+  contiguous_fixture f;
+  auto p = f.probability();
+  p.q_heads = 0;
+  check_refused(f, "host::observe_probabilities", "q_heads",
+                [&] { sh::host::observe_probabilities(f.policy, f.view(), f.state, p); });
+}
+
 TEST_CASE("bad input: q_len above a sequence's length", "[bad_input]") {
   contiguous_fixture f;
   auto p = f.probability();
@@ -633,6 +647,26 @@ TEST_CASE("bad input: query buffer too small", "[bad_input]") {
   auto qv = sh::query_view<float, host>::dense({q.data(), q.size() - 1}, f.q_heads, 1, f.head_dim);
   check_refused(f, "host::observe_queries", "queries.data",
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv); });
+}
+
+TEST_CASE("bad input: negative query stride", "[bad_input]") {
+  contiguous_fixture f;
+  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
+  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
+  qv.query_stride = -qv.query_stride;
+  check_refused(f, "host::observe_queries", "queries strides",
+                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv); });
+}
+
+TEST_CASE("bad input: negative lse stride", "[bad_input]") {
+  contiguous_fixture f;
+  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
+  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
+  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
+  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1);
+  lse.head_stride = -1;
+  check_refused(f, "host::observe_queries", "lse strides",
+                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
 }
 
 TEST_CASE("bad input: softmax scale NaN or negative", "[bad_input]") {
@@ -848,6 +882,43 @@ TEST_CASE("bad input: paged shared pages are fine where compress does not write"
   CHECK(f.freed == std::vector<std::int32_t>{0, 0});
 }
 
+TEST_CASE("bad input: paged batch or heads or head_dim zero", "[bad_input]") {
+  paged_fixture f;
+  auto view = f.view();
+  view.batch = 0;
+  check_refused(f, "host::compress", "cache.batch", [&] { compress_with(f, view, 8); });
+  view = f.view();
+  view.kv_heads = 0;
+  check_refused(f, "host::compress", "cache.kv_heads", [&] { compress_with(f, view, 8); });
+  view = f.view();
+  view.head_dim = 0;
+  check_refused(f, "host::observe_probabilities", "cache.head_dim", [&] { observe_with(f, view); });
+}
+
+TEST_CASE("bad input: paged null indptr or last_page_len", "[bad_input]") {
+  paged_fixture f;
+  auto view = f.view();
+  view.indptr = {nullptr, 3};
+  check_refused(f, "host::compress", "cache.indptr", [&] { compress_with(f, view, 8); });
+  view = f.view();
+  view.last_page_len = {nullptr, 2};
+  check_refused(f, "host::compress", "cache.last_page_len", [&] { compress_with(f, view, 8); });
+}
+
+TEST_CASE("bad input: paged V pool aliasing the K pool", "[bad_input]") {
+  paged_fixture f;
+  auto view = f.view();
+  view.v_pages = view.k_pages;
+  check_refused(f, "host::compress", "cache.v_pages", [&] { compress_with(f, view, 8); });
+}
+
+TEST_CASE("bad input: paged negative stride", "[bad_input]") {
+  paged_fixture f;
+  auto view = f.view();
+  view.v_layout.head_stride = -4;
+  check_refused(f, "host::compress", "cache.v_pages_layout", [&] { compress_with(f, view, 8); });
+}
+
 TEST_CASE("bad input: paged null K pool", "[bad_input]") {
   paged_fixture f;
   auto view = f.view();
@@ -1040,6 +1111,21 @@ TEST_CASE("bad input: total budget below one token per layer", "[bad_input]") {
   check_refused(n, "uniform_budget::allocate", "total", [] { (void)sh::uniform_budget{}.allocate(3, 4); });
 }
 
+TEST_CASE("bad input: compression ratio of an empty model or context", "[bad_input]") {
+  nothing n;
+  check_refused(n, "total_budget::compression_ratio", "max_sequence_length",
+                [] { (void)sh::total_budget::compression_ratio(0.5, 0, 4); });
+  check_refused(n, "total_budget::compression_ratio", "num_layers",
+                [] { (void)sh::total_budget::compression_ratio(0.5, 100, 0); });
+}
+
+TEST_CASE("bad input: allocation over no layers or beyond int32 per layer", "[bad_input]") {
+  nothing n;
+  check_refused(n, "uniform_budget::allocate", "num_layers", [] { (void)sh::uniform_budget{}.allocate(100, 0); });
+  check_refused(n, "uniform_budget::allocate", "total",
+                [] { (void)sh::uniform_budget{}.allocate(std::int64_t{INT32_MAX} * 4 + 8, 2); });
+}
+
 TEST_CASE("bad input: ramp slope not below 1", "[bad_input]") {
   nothing n;
   check_refused(n, "ramp_budget::allocate", "slope", [] { (void)sh::ramp_budget{1.0}.allocate(100, 4); });
@@ -1051,6 +1137,14 @@ TEST_CASE("bad input: explicit budgets of the wrong count or sum", "[bad_input]"
                 [] { (void)sh::explicit_budget{{10, 20}}.allocate(30, 3); });
   check_refused(n, "explicit_budget::allocate", "total", [] { (void)sh::explicit_budget{{10, 20}}.allocate(31, 2); });
   check_refused(n, "explicit_budget::allocate", "budgets", [] { (void)sh::explicit_budget{{10, 0}}.allocate(10, 2); });
+}
+
+TEST_CASE("bad input: persistence floor not in the half-open unit interval", "[bad_input]") {
+  nothing n;
+  check_refused(n, "persistence_budget::allocate", "floor",
+                [] { (void)sh::persistence_budget{{0.5, 0.9}, 0.0}.allocate(100, 2); });
+  check_refused(n, "persistence_budget::allocate", "persistence",
+                [] { (void)sh::persistence_budget{{0.5}, 0.1}.allocate(100, 2); });
 }
 
 TEST_CASE("bad input: persistence ratio above 1", "[bad_input]") {
