@@ -357,7 +357,12 @@ class fuzz_case {
         case 0: state_shape_.batch += src_.flag() ? 1 : -1; break;
         case 1: state_shape_.kv_heads += src_.flag() ? 1 : -1; break;
         case 2: state_shape_.capacity -= 1; break;
-        default: state_shape_.ring_words += src_.flag() && state_shape_.ring_words < INT32_MAX ? 1 : -1; break;
+        default:  // (a garbage window can put ring_words at either int32 end)
+          state_shape_.ring_words += (src_.flag() && state_shape_.ring_words < INT32_MAX) ||
+                                             state_shape_.ring_words == INT32_MIN
+                                         ? 1
+                                         : -1;
+          break;
       }
     }
     std::size_t bytes = 0;
@@ -1052,7 +1057,14 @@ class fuzz_case {
       lse = sh::lse_view<memory_space::host>::dense({lse_values.data(), lse_values.size()}, q.q_heads, q.q_len,
                                                     base2 ? sh::lse_base::base2 : sh::lse_base::natural);
     }
-    const expect expected = expectation(damage, v, !attention || ok);
+    bool null_lse = false;
+    if (src_.rarely()) {  // {nullptr, n}: a caller's bug, not "no lse"
+      lse = {};
+      lse.data = {nullptr, static_cast<std::size_t>(src_.in(1, 64))};
+      null_lse = true;
+    }
+    expect expected = expectation(damage, v, !attention || ok);
+    if (attention && null_lse) expected = expect::refuse;  // refused whatever else is wrong
     const snapshot before = take(v, {}, {});
     if (!guarded("host::observe_queries", v, {}, {}, expected,
                  [&] { sh::host::observe_queries(policy_, v, state_, qv, lse, scale); }))
