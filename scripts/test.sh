@@ -17,5 +17,7 @@ ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 for stage in scripts/stages/*.sh; do
   [ -e "$stage" ] || continue
   echo "== stage: $stage"
+  start=$SECONDS
   bash "$stage"
+  echo "== stage: $stage took $((SECONDS - start)) s"
 done
