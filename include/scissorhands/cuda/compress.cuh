@@ -71,16 +71,7 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                   ", below the ", need, " bytes the workspace query returned");
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
                   "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
-  constexpr bool paged = requires { cache.page_size; };
-  if constexpr (paged)
-    detail::require(freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr, fn,
-                    "freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ",
-                    freed_pages.size());
-  else
-    detail::require(freed_pages.empty() || (freed_pages.size() == static_cast<std::size_t>(cache.batch) &&
-                                            freed_pages.data() != nullptr),
-                    fn, "freed_pages", "must be empty or hold batch = ", cache.batch, " entries, got ",
-                    freed_pages.size());
+  detail::validate_freed_pages(fn, cache, freed_pages);
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
   detail::compress_workspace ws;

@@ -55,6 +55,21 @@ void validate_state_matches(const char* fn, const Policy& policy, const View& ca
           st.shape.ring_words);
 }
 
+// freed_pages must hold one entry per sequence for a paged cache, and be
+// empty or hold one per sequence (non-null) for a contiguous one.
+template <class View, class Span>
+void validate_freed_pages(const char* fn, const View& cache, const Span& freed_pages) {
+  constexpr bool paged = requires { cache.page_size; };
+  if constexpr (paged)
+    require(freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr, fn,
+            "freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ", freed_pages.size());
+  else
+    require(freed_pages.empty() ||
+                (freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr),
+            fn, "freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
+            freed_pages.size(), freed_pages.data() == nullptr ? " at a null pointer" : "");
+}
+
 // The state shape a policy needs for a cache.
 template <class Policy, class View>
 state_shape state_shape_for(const Policy& policy, const View& cache) {

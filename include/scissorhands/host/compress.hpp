@@ -77,15 +77,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
   detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
   constexpr bool paged = requires { cache.page_size; };
-  if constexpr (paged)
-    detail::require(freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr, fn,
-                    "freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ",
-                    freed_pages.size());
-  else
-    detail::require(freed_pages.empty() ||
-                        (freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr),
-                    fn, "freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
-                    freed_pages.size(), freed_pages.data() == nullptr ? " at a null pointer" : "");
+  detail::validate_freed_pages(fn, cache, freed_pages);
   // Every sequence that triggers must have state for all its tokens and
   // enough unprotected ones to evict (the state could have been damaged).
   for (std::int32_t b = 0; b < cache.batch; ++b) {
