@@ -1,8 +1,19 @@
 #pragma once
 // Views of what the engine's attention produced: probabilities, queries and
-// log-sum-exp. Columns of a probability row are cache slots 0..length-1;
-// query j of q_len in sequence b sits at slot length(b) - q_len + j and sees
-// slots 0..length(b) - q_len + j (causal).
+// log-sum-exp.
+//
+// Which queries each sequence has: either the same q_len for every sequence
+// (qo_indptr empty), or FlashInfer's ragged `qo_indptr[batch + 1]`: the
+// queries of sequence b are the step's tokens qo_indptr[b] ..
+// qo_indptr[b + 1], so one step mixes prefill chunks, single decode tokens
+// and sequences with no query at all (q_len 0: nothing is observed for
+// them). Ragged views are token-major, as engines store them: row (b, qh, j)
+// is token qo_indptr[b] + j, at that token times query_stride plus qh times
+// head_stride (sequence_stride is unused).
+//
+// Query j of the q_len(b) queries of sequence b sits at cache slot
+// length(b) - q_len(b) + j and sees slots 0 .. length(b) - q_len(b) + j
+// (causal). Columns of a probability row are cache slots.
 #include <cstdint>
 
 #include "config.hpp"
@@ -10,24 +21,47 @@
 
 namespace scissorhands {
 
+namespace detail {
+// Where row (b, qh, j) of a uniform or ragged view starts.
+template <memory_space Space>
+SCISSORHANDS_HOST_DEVICE inline std::int64_t query_offset(const span<const std::int32_t, Space>& qo_indptr,
+                                                          std::int64_t sequence_stride, std::int64_t head_stride,
+                                                          std::int64_t query_stride, std::int32_t b,
+                                                          std::int32_t qh, std::int32_t j) {
+  if (qo_indptr.data() != nullptr)
+    return (std::int64_t{qo_indptr[b]} + j) * query_stride + std::int64_t{qh} * head_stride;
+  return std::int64_t{b} * sequence_stride + std::int64_t{qh} * head_stride + std::int64_t{j} * query_stride;
+}
+}  // namespace detail
+
 template <memory_space Space>
 struct probability_view {
   span<const float, Space> data;
   std::int32_t q_heads = 0;
-  std::int32_t q_len = 0;
-  std::int64_t sequence_stride = 0;  // elements between sequences
+  std::int32_t q_len = 0;            // queries per sequence when qo_indptr is empty
+  std::int64_t sequence_stride = 0;  // elements between sequences (uniform views)
   std::int64_t head_stride = 0;      // elements between query heads
-  std::int64_t query_stride = 0;     // elements between queries; columns are contiguous
+  std::int64_t query_stride = 0;     // elements between queries (ragged: between tokens); columns are contiguous
+  span<const std::int32_t, Space> qo_indptr;  // [batch + 1] ragged queries; empty: q_len each
 
+  SCISSORHANDS_HOST_DEVICE bool ragged() const { return qo_indptr.data() != nullptr; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t queries_of(std::int32_t b) const {
+    return ragged() ? qo_indptr[b + 1] - qo_indptr[b] : q_len;
+  }
   SCISSORHANDS_HOST_DEVICE const float* row(std::int32_t b, std::int32_t qh, std::int32_t j) const {
-    return data.data() + std::int64_t{b} * sequence_stride + std::int64_t{qh} * head_stride +
-           std::int64_t{j} * query_stride;
+    return data.data() + detail::query_offset(qo_indptr, sequence_stride, head_stride, query_stride, b, qh, j);
   }
   // Dense [batch][q_heads][q_len][columns].
   static probability_view dense(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len,
                                 std::int32_t columns) {
     const std::int64_t row = columns;
-    return {data, q_heads, q_len, std::int64_t{q_heads} * q_len * row, std::int64_t{q_len} * row, row};
+    return {data, q_heads, q_len, std::int64_t{q_heads} * q_len * row, std::int64_t{q_len} * row, row, {}};
+  }
+  // Ragged, token-major [token][q_heads][columns].
+  static probability_view ragged(span<const float, Space> data, span<const std::int32_t, Space> qo_indptr,
+                                 std::int32_t q_heads, std::int32_t columns) {
+    const std::int64_t row = columns;
+    return {data, q_heads, 0, 0, row, std::int64_t{q_heads} * row, qo_indptr};
   }
 };
 
@@ -36,20 +70,30 @@ template <class T, memory_space Space>
 struct query_view {
   span<const T, Space> data;
   std::int32_t q_heads = 0;
-  std::int32_t q_len = 0;
+  std::int32_t q_len = 0;  // queries per sequence when qo_indptr is empty
   std::int32_t head_dim = 0;
   std::int64_t sequence_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
+  span<const std::int32_t, Space> qo_indptr;  // [batch + 1] ragged queries; empty: q_len each
 
+  SCISSORHANDS_HOST_DEVICE bool ragged() const { return qo_indptr.data() != nullptr; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t queries_of(std::int32_t b) const {
+    return ragged() ? qo_indptr[b + 1] - qo_indptr[b] : q_len;
+  }
   SCISSORHANDS_HOST_DEVICE const T* row(std::int32_t b, std::int32_t qh, std::int32_t j) const {
-    return data.data() + std::int64_t{b} * sequence_stride + std::int64_t{qh} * head_stride +
-           std::int64_t{j} * query_stride;
+    return data.data() + detail::query_offset(qo_indptr, sequence_stride, head_stride, query_stride, b, qh, j);
   }
   // Dense [batch][q_len][q_heads][head_dim] (token-major, as engines store Q).
   static query_view dense(span<const T, Space> data, std::int32_t q_heads, std::int32_t q_len, std::int32_t head_dim) {
     const std::int64_t row = head_dim;
-    return {data, q_heads, q_len, head_dim, std::int64_t{q_len} * q_heads * row, row, std::int64_t{q_heads} * row};
+    return {data, q_heads, q_len, head_dim, std::int64_t{q_len} * q_heads * row, row, std::int64_t{q_heads} * row, {}};
+  }
+  // Ragged [token][q_heads][head_dim], tokens as qo_indptr lists them.
+  static query_view ragged(span<const T, Space> data, span<const std::int32_t, Space> qo_indptr, std::int32_t q_heads,
+                           std::int32_t head_dim) {
+    const std::int64_t row = head_dim;
+    return {data, q_heads, 0, head_dim, 0, row, std::int64_t{q_heads} * row, qo_indptr};
   }
 };
 
@@ -64,17 +108,28 @@ struct lse_view {
   std::int64_t sequence_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
+  span<const std::int32_t, Space> qo_indptr;  // ragged: the queries' qo_indptr (the same array)
 
   SCISSORHANDS_HOST_DEVICE bool present() const { return data.data() != nullptr; }
   SCISSORHANDS_HOST_DEVICE float natural(std::int32_t b, std::int32_t qh, std::int32_t j) const {
-    const float x = data[static_cast<std::size_t>(std::int64_t{b} * sequence_stride + std::int64_t{qh} * head_stride +
-                                                  std::int64_t{j} * query_stride)];
+    const float x = data[static_cast<std::size_t>(
+        detail::query_offset(qo_indptr, sequence_stride, head_stride, query_stride, b, qh, j))];
     return base == lse_base::base2 ? x * 0.693147180559945309f : x;
   }
-  // Dense [batch][q_heads][q_len].
+  // Dense [batch][q_heads][q_len] (head-major, as FlashAttention returns it).
   static lse_view dense(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len,
                         lse_base base = lse_base::natural) {
-    return {data, base, std::int64_t{q_heads} * q_len, q_len, 1};
+    return {data, base, std::int64_t{q_heads} * q_len, q_len, 1, {}};
+  }
+  // Token-major [batch * q_len][q_heads] (FlashInfer's layout) for a uniform q_len.
+  static lse_view token_major(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len,
+                              lse_base base = lse_base::base2) {
+    return {data, base, std::int64_t{q_len} * q_heads, 1, q_heads, {}};
+  }
+  // Ragged token-major [token][q_heads], tokens as qo_indptr lists them (FlashInfer).
+  static lse_view ragged(span<const float, Space> data, span<const std::int32_t, Space> qo_indptr,
+                         std::int32_t q_heads, lse_base base = lse_base::base2) {
+    return {data, base, 0, 1, q_heads, qo_indptr};
   }
 };
 

@@ -37,10 +37,21 @@ template <class... Parts>
   return out.str();
 }
 
-// require(cond, fn, arg, "must be ...", value...) throws when cond is false.
+// Builds and throws the error; out of line from require() so that a check
+// that passes costs one branch and never allocates (the message is only
+// built when something failed).
 template <class... Parts>
-void require(bool condition, const char* function, const std::string& argument, const Parts&... detail) {
-  if (!condition) throw invalid_argument(function, argument, concat(detail...));
+[[noreturn]] void fail(const char* function, const char* argument, const Parts&... detail) {
+  throw invalid_argument(function, argument, concat(detail...));
+}
+
+// require(cond, fn, arg, "must be ...", value...) throws when cond is false.
+// Arguments are names (string literals), never built strings, so a passing
+// check allocates nothing.
+template <class... Parts>
+inline void require(bool condition, const char* function, const char* argument, const Parts&... detail) {
+  if (!condition) [[unlikely]]
+    fail(function, argument, detail...);
 }
 
 }  // namespace detail

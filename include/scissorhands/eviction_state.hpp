@@ -2,14 +2,29 @@
 // The library's own per-token state, kept in one caller-owned buffer per
 // layer whose size state_bytes() reports (query first, then hand it over).
 //
-// Per sequence b:            step (int64), next_position, tracked (int32)
-// Per (b, head h, slot t):   position (int32), score, observed (fp32),
+// The state has `rows` rows, one per sequence it can hold. A sequence keeps
+// its row for its whole life, wherever the scheduler puts it in the batch:
+// calls take the batch's mapping (state.for_batch(state_rows): batch
+// position b uses row state_rows[b]; without one, b uses row b). A batch
+// position mapped to row -1 is a padding slot: it must hold no token and is
+// skipped.
+//
+// Per row r:                 step (int64), next_position, tracked (int32),
+//                            status (uint32, the CUDA backend's per-sequence
+//                            status word, see cuda/status.cuh)
+// Per (r, head h, slot t):   position (int32), score, observed (fp32),
 //                            ring_words 32-bit words of history
 //
 // Slot t of head h holds the state of the token in cache slot t of head h;
-// compress moves it with the token. `tracked[b]` is how many slots have
-// state; observe admits slots tracked[b] .. length(b)-1 as new tokens at
-// positions next_position[b], next_position[b] + 1, ...
+// compress moves it with the token. `tracked[r]` is how many slots have
+// state; observe admits slots tracked[r] .. length(b)-1 as new tokens at
+// positions next_position[r], next_position[r] + 1, ...
+//
+// Capacity: the state needs a slot for every token a sequence holds when
+// observe or compress is called, not for the cache's whole capacity. With a
+// budget B and at most C tokens appended between two compress calls (C = 1
+// when decoding, the chunk size for chunked prefill), B + C - 1 slots suffice:
+// state_capacity_for(B, C). Bytes per slot: state_bytes_per_token(policy).
 #include <cstddef>
 #include <cstdint>
 
@@ -20,9 +35,9 @@
 namespace scissorhands {
 
 struct state_shape {
-  std::int32_t batch = 0;
+  std::int32_t rows = 0;        // sequences the state can hold at once
   std::int32_t kv_heads = 0;
-  std::int32_t capacity = 0;    // slots per (sequence, head): at least the cache's
+  std::int32_t capacity = 0;    // slots per (row, head): the most tokens a sequence holds at a call
   std::int32_t ring_words = 0;  // from the policy: policy.ring_words()
 
   friend constexpr bool operator==(const state_shape&, const state_shape&) = default;
@@ -32,21 +47,51 @@ template <memory_space Space>
 struct eviction_state {
   static constexpr memory_space space = Space;
   state_shape shape;
-  std::int64_t* step = nullptr;           // [batch] steps observed so far
-  std::int32_t* next_position = nullptr;  // [batch] position the next admitted token gets
-  std::int32_t* tracked = nullptr;        // [batch] slots with state
-  std::int32_t* positions = nullptr;      // [batch][kv_heads][capacity]
-  float* scores = nullptr;                // [batch][kv_heads][capacity]
-  float* observed = nullptr;              // [batch][kv_heads][capacity]
-  std::uint32_t* ring = nullptr;          // [batch][kv_heads][capacity][ring_words]
+  std::int64_t* step = nullptr;           // [rows] steps observed so far
+  std::int32_t* next_position = nullptr;  // [rows] position the next admitted token gets
+  std::int32_t* tracked = nullptr;        // [rows] slots with state
+  std::uint32_t* status = nullptr;        // [rows] CUDA: device-found errors of the row's sequence (status_flag)
+  std::int32_t* positions = nullptr;      // [rows][kv_heads][capacity]
+  float* scores = nullptr;                // [rows][kv_heads][capacity]
+  float* observed = nullptr;              // [rows][kv_heads][capacity]
+  std::uint32_t* ring = nullptr;          // [rows][kv_heads][capacity][ring_words]
+  span<const std::int32_t, Space> state_rows;  // [batch] row of each batch position; empty: row b
 
+  // The same state seen through this step's batch: position b uses row
+  // state_rows[b] (-1: a padding slot). The rows must be distinct.
+  eviction_state for_batch(span<const std::int32_t, Space> rows_of_batch) const {
+    eviction_state s = *this;
+    s.state_rows = rows_of_batch;
+    return s;
+  }
+  SCISSORHANDS_HOST_DEVICE std::int32_t row(std::int32_t b) const {
+    return state_rows.data() != nullptr ? state_rows[b] : b;
+  }
+  SCISSORHANDS_HOST_DEVICE std::int64_t row_index(std::int32_t r, std::int32_t h, std::int32_t t) const {
+    return (std::int64_t{r} * shape.kv_heads + h) * shape.capacity + t;
+  }
+  // Token state of batch position b, head h, slot t.
   SCISSORHANDS_HOST_DEVICE std::int64_t index(std::int32_t b, std::int32_t h, std::int32_t t) const {
-    return (std::int64_t{b} * shape.kv_heads + h) * shape.capacity + t;
+    return row_index(row(b), h, t);
   }
   SCISSORHANDS_HOST_DEVICE std::uint32_t* ring_of(std::int64_t token_index) const {
     return ring + token_index * shape.ring_words;
   }
 };
+
+// Slots a state needs for a budget and the most tokens appended between two
+// compress calls (1 when decoding; the chunk size for chunked prefill).
+constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_step_tokens) {
+  return budget + max_step_tokens - 1;
+}
+
+// How long a sequence of `length` tokens is after compress at `budget`
+// evicting `evict_count` (m): data-independent, so an engine can mirror
+// its lengths on the host without reading anything back from the device.
+SCISSORHANDS_HOST_DEVICE constexpr std::int32_t length_after_compress(std::int32_t length, std::int32_t budget,
+                                                                      std::int32_t evict_count) {
+  return length >= budget ? budget - evict_count : length;
+}
 
 namespace detail {
 
@@ -56,11 +101,11 @@ constexpr std::size_t align_up(std::size_t x) { return (x + state_alignment - 1)
 
 // Byte offsets of the state's arrays inside the buffer, in declaration order.
 struct state_offsets {
-  std::size_t step, next_position, tracked, positions, scores, observed, ring, total;
+  std::size_t step, next_position, tracked, status, positions, scores, observed, ring, total;
 };
 
 constexpr state_offsets offsets_of(const state_shape& s) {
-  const std::size_t b = static_cast<std::size_t>(s.batch);
+  const std::size_t b = static_cast<std::size_t>(s.rows);
   const std::size_t tokens = b * static_cast<std::size_t>(s.kv_heads) * static_cast<std::size_t>(s.capacity);
   state_offsets o{};
   std::size_t at = 0;
@@ -70,6 +115,8 @@ constexpr state_offsets offsets_of(const state_shape& s) {
   at = align_up(at + b * sizeof(std::int32_t));
   o.tracked = at;
   at = align_up(at + b * sizeof(std::int32_t));
+  o.status = at;
+  at = align_up(at + b * sizeof(std::uint32_t));
   o.positions = at;
   at = align_up(at + tokens * sizeof(std::int32_t));
   o.scores = at;
@@ -83,16 +130,23 @@ constexpr state_offsets offsets_of(const state_shape& s) {
 }
 
 inline void validate_state_shape(const char* fn, const state_shape& s) {
-  require(s.batch > 0, fn, "shape.batch", "must be positive, got ", s.batch);
+  require(s.rows > 0, fn, "shape.rows", "must be positive, got ", s.rows);
   require(s.kv_heads > 0, fn, "shape.kv_heads", "must be positive, got ", s.kv_heads);
   require(s.capacity > 0, fn, "shape.capacity", "must be positive, got ", s.capacity);
   require(s.ring_words >= 0, fn, "shape.ring_words", "must be non-negative, got ", s.ring_words);
   // Keep every byte count below 2^62 so nothing overflows on any platform.
-  const double bytes = static_cast<double>(s.batch) * s.kv_heads * s.capacity * (12.0 + 4.0 * s.ring_words);
+  const double bytes = static_cast<double>(s.rows) * s.kv_heads * s.capacity * (12.0 + 4.0 * s.ring_words);
   require(bytes < 4.0e18, fn, "shape", "needs ", bytes, " bytes of state, beyond what can be addressed");
 }
 
 }  // namespace detail
+
+// Bytes of state each (row, head, slot) takes: position, score, observed
+// count and ring_words words of history (plus per-row counters and 256-byte
+// alignment padding, which state_bytes adds).
+constexpr std::size_t state_bytes_per_slot(std::int32_t ring_words) {
+  return 3 * 4 + 4 * static_cast<std::size_t>(ring_words < 0 ? 0 : ring_words);
+}
 
 // Bytes the caller must provide for a layer's state (aligned to 256 bytes).
 inline std::size_t state_bytes(const state_shape& shape) {
@@ -119,6 +173,7 @@ eviction_state<Space> make_state(span<std::byte, Space> buffer, const state_shap
   s.step = reinterpret_cast<std::int64_t*>(base + o.step);
   s.next_position = reinterpret_cast<std::int32_t*>(base + o.next_position);
   s.tracked = reinterpret_cast<std::int32_t*>(base + o.tracked);
+  s.status = reinterpret_cast<std::uint32_t*>(base + o.status);
   s.positions = reinterpret_cast<std::int32_t*>(base + o.positions);
   s.scores = reinterpret_cast<float*>(base + o.scores);
   s.observed = reinterpret_cast<float*>(base + o.observed);

@@ -1,7 +1,11 @@
 #pragma once
 // Non-owning view of a batch of contiguous per-sequence KV caches. Passed by
-// value; the engine owns every byte it points at.
+// value; the engine owns every byte it points at, lengths included: the
+// library reads them and never writes them (compress reports the new
+// lengths in its compress_output, and the engine applies them once, after
+// the last layer that shares them).
 #include <cstdint>
+#include <type_traits>
 
 #include "config.hpp"
 #include "error.hpp"
@@ -19,7 +23,7 @@ struct kv_view {
   span<T, Space> v;                     // the engine's value buffer (may use another layout)
   kv_layout k_layout;
   kv_layout v_layout;
-  span<std::int32_t, Space> lengths;    // tokens held per sequence; compress updates it
+  span<const std::int32_t, Space> lengths;  // tokens held per sequence (read only)
   std::int32_t batch = 0;
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
@@ -37,11 +41,9 @@ struct kv_view {
   SCISSORHANDS_HOST_DEVICE T* v_row(std::int32_t b, std::int32_t h, std::int32_t t) const {
     return v.data() + v_layout.offset(b, h, t);
   }
-  // Sets a sequence's length after compaction; returns the pages freed (none here).
-  SCISSORHANDS_HOST_DEVICE std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
-    lengths[b] = new_length;
-    return 0;
-  }
+  // Pages a sequence of `length` tokens occupies: none, the cache is contiguous.
+  SCISSORHANDS_HOST_DEVICE static constexpr std::int32_t pages_for(std::int32_t) { return 0; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t pages_of(std::int32_t) const { return 0; }
 };
 
 template <class T>
@@ -53,7 +55,8 @@ using device_kv_view = kv_view<T, memory_space::device>;
 enum class named_layout { nhd, hnd };
 
 template <class T, memory_space Space>
-kv_view<T, Space> make_kv_view(span<T, Space> k, span<T, Space> v, span<std::int32_t, Space> lengths,
+kv_view<T, Space> make_kv_view(span<T, Space> k, span<T, Space> v,
+                               std::type_identity_t<span<const std::int32_t, Space>> lengths,
                                std::int32_t batch, std::int32_t kv_heads, std::int32_t head_dim,
                                std::int32_t capacity, named_layout layout) {
   const kv_layout l = layout == named_layout::nhd ? kv_layout::nhd(capacity, kv_heads, head_dim)
@@ -76,16 +79,18 @@ void validate_shape(const char* fn, const kv_view<T, Space>& view) {
   const std::array<std::int64_t, 3> extents{view.batch, view.kv_heads, view.capacity};
   const struct {
     const char* name;
+    const char* layout_name;
     span<T, Space> data;
     kv_layout layout;
-  } buffers[2] = {{"cache.k", view.k, view.k_layout}, {"cache.v", view.v, view.v_layout}};
+  } buffers[2] = {{"cache.k", "cache.k_layout", view.k, view.k_layout},
+                  {"cache.v", "cache.v_layout", view.v, view.v_layout}};
   for (const auto& buf : buffers) {
     require(buf.data.data() != nullptr, fn, buf.name, "must not be null");
     const std::array<std::int64_t, 3> strides{buf.layout.sequence_stride, buf.layout.head_stride,
                                               buf.layout.token_stride};
     for (auto s : strides)
-      require(s >= 0, fn, std::string(buf.name) + "_layout", "strides must be non-negative, got ", s);
-    require(strides_are_unique(strides, extents, view.head_dim), fn, std::string(buf.name) + "_layout",
+      require(s >= 0, fn, buf.layout_name, "strides must be non-negative, got ", s);
+    require(strides_are_unique(strides, extents, view.head_dim), fn, buf.layout_name,
             "must map every (sequence, head, slot) row to its own ", view.head_dim,
             " elements; strides (sequence ", strides[0], ", head ", strides[1], ", token ", strides[2],
             ") overlap");

@@ -4,13 +4,14 @@
 // indices[indptr[b] .. indptr[b+1]) in order, the last one holding
 // last_page_len[b] tokens (1..page_size; 0 only for a sequence with no page).
 //
-// After compress, a sequence may need fewer pages. The library updates
-// last_page_len[b] for the pages it still uses and reports in freed_pages[b]
-// how many trailing pages of its list are now empty:
-// indices[indptr[b+1] - freed_pages[b] .. indptr[b+1]). The engine returns
-// them to its pool and shrinks indptr (release_freed_pages does this on the
-// host) before the next call.
+// The table is the engine's and the library never writes it: one table may
+// serve every layer. compress reports each sequence's new length and, in
+// freed_pages[b], how many trailing pages of its list are now empty:
+// indices[indptr[b+1] - freed_pages[b] .. indptr[b+1]). After the last layer
+// the engine applies them once (host::shrink_page_table or
+// cuda::shrink_page_table do it for a FlashInfer table) before appending.
 #include <cstdint>
+#include <type_traits>
 
 #include "config.hpp"
 #include "error.hpp"
@@ -30,7 +31,7 @@ struct paged_kv_view {
   paged_layout v_layout;
   span<const std::int32_t, Space> indptr;  // batch + 1 entries
   span<const std::int32_t, Space> indices; // page ids, indptr[batch] entries used
-  span<std::int32_t, Space> last_page_len; // batch entries; compress updates it
+  span<const std::int32_t, Space> last_page_len; // batch entries (read only)
   std::int32_t batch = 0;
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
@@ -60,13 +61,10 @@ struct paged_kv_view {
   SCISSORHANDS_HOST_DEVICE T* v_row(std::int32_t b, std::int32_t h, std::int32_t t) const {
     return v_pages.data() + v_layout.offset(indices[indptr[b] + t / page_size], h, t % page_size);
   }
-  // Sets a sequence's length after compaction; returns how many trailing
-  // pages of its list no longer hold a token.
-  SCISSORHANDS_HOST_DEVICE std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
-    // In 64 bits: new_length + page_size - 1 can pass INT32_MAX.
-    const auto kept = static_cast<std::int32_t>((std::int64_t{new_length} + page_size - 1) / page_size);
-    last_page_len[b] = kept == 0 ? 0 : new_length - (kept - 1) * page_size;
-    return pages_of(b) - kept;
+  // Pages a sequence of `length` tokens occupies.
+  SCISSORHANDS_HOST_DEVICE std::int32_t pages_for(std::int32_t length) const {
+    // In 64 bits: length + page_size - 1 can pass INT32_MAX.
+    return static_cast<std::int32_t>((std::int64_t{length} + page_size - 1) / page_size);
   }
 };
 
@@ -79,7 +77,8 @@ template <class T, memory_space Space>
 paged_kv_view<T, Space> make_paged_kv_view(span<T, Space> k_pages, span<T, Space> v_pages,
                                            span<const std::int32_t, Space> indptr,
                                            span<const std::int32_t, Space> indices,
-                                           span<std::int32_t, Space> last_page_len, std::int32_t batch,
+                                           std::type_identity_t<span<const std::int32_t, Space>> last_page_len,
+                                           std::int32_t batch,
                                            std::int32_t kv_heads, std::int32_t head_dim, std::int32_t page_size,
                                            std::int32_t num_pages, std::int32_t max_pages_per_sequence,
                                            bool hnd = false) {
@@ -112,16 +111,18 @@ void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
   const std::array<std::int64_t, 3> extents{view.num_pages, view.kv_heads, view.page_size};
   const struct {
     const char* name;
+    const char* layout_name;
     span<T, Space> data;
     paged_layout layout;
-  } buffers[2] = {{"cache.k_pages", view.k_pages, view.k_layout}, {"cache.v_pages", view.v_pages, view.v_layout}};
+  } buffers[2] = {{"cache.k_pages", "cache.k_layout", view.k_pages, view.k_layout},
+                  {"cache.v_pages", "cache.v_layout", view.v_pages, view.v_layout}};
   for (const auto& buf : buffers) {
     require(buf.data.data() != nullptr, fn, buf.name, "must not be null");
     const std::array<std::int64_t, 3> strides{buf.layout.page_stride, buf.layout.head_stride,
                                               buf.layout.token_stride};
     for (auto s : strides)
-      require(s >= 0, fn, std::string(buf.name) + "_layout", "strides must be non-negative, got ", s);
-    require(strides_are_unique(strides, extents, view.head_dim), fn, std::string(buf.name) + "_layout",
+      require(s >= 0, fn, buf.layout_name, "strides must be non-negative, got ", s);
+    require(strides_are_unique(strides, extents, view.head_dim), fn, buf.layout_name,
             "must map every (page, head, slot) row to its own ", view.head_dim,
             " elements; strides (page ", strides[0], ", head ", strides[1], ", token ", strides[2], ") overlap");
     const std::int64_t need = layout_extent(strides, extents, view.head_dim);

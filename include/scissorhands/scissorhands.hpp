@@ -2,6 +2,7 @@
 // Umbrella header of the host-safe library: views, policies and the host
 // backend. Compiles with a plain C++20 compiler; never includes CUDA.
 #include "attention_view.hpp"
+#include "compress_output.hpp"
 #include "config.hpp"
 #include "element.hpp"
 #include "error.hpp"

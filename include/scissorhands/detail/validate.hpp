@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../compress_output.hpp"
 #include "../error.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
@@ -40,44 +41,81 @@ void validate_budget(const char* fn, const Policy& policy, std::int32_t budget) 
           budget, " - ", protect, " = ", budget - protect, ", got ", s.evict_count);
 }
 
-// The state must have been made for this cache and this policy.
+// The state must have been made for this cache and this policy. What needs
+// the data (rows in range and distinct, lengths within the state's capacity)
+// is checked per backend: the host reads it, the device checks it itself.
 template <class Policy, class View, memory_space Space>
 void validate_state_matches(const char* fn, const Policy& policy, const View& cache, const eviction_state<Space>& st) {
   validate_state(fn, st.shape, st.step);
-  require(st.shape.batch == cache.batch, fn, "state.shape.batch", "must equal cache.batch = ", cache.batch, ", got ",
-          st.shape.batch);
+  if (st.state_rows.data() == nullptr)
+    require(st.shape.rows >= cache.batch, fn, "state.shape.rows",
+            "must be at least cache.batch = ", cache.batch, " when no state_rows map the batch, got ", st.shape.rows);
+  else
+    require(st.state_rows.size() == static_cast<std::size_t>(cache.batch), fn, "state.state_rows",
+            "must hold batch = ", cache.batch, " entries, got ", st.state_rows.size());
   require(st.shape.kv_heads == cache.kv_heads, fn, "state.shape.kv_heads", "must equal cache.kv_heads = ",
           cache.kv_heads, ", got ", st.shape.kv_heads);
-  require(st.shape.capacity >= cache.max_capacity(), fn, "state.shape.capacity",
-          "must be at least the cache's capacity per sequence, ", cache.max_capacity(), ", got ", st.shape.capacity);
   require(st.shape.ring_words == policy.ring_words(), fn, "state.shape.ring_words",
           "must equal policy.ring_words() = ", policy.ring_words(), " (was the state made for another policy?), got ",
           st.shape.ring_words);
 }
 
-// freed_pages must hold one entry per sequence for a paged cache, and be
-// empty or hold one per sequence (non-null) for a contiguous one.
-template <class View, class Span>
-void validate_freed_pages(const char* fn, const View& cache, const Span& freed_pages) {
-  constexpr bool paged = requires { cache.page_size; };
-  if constexpr (paged)
-    require(freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr, fn,
-            "freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ", freed_pages.size());
-  else
-    require(freed_pages.empty() ||
-                (freed_pages.size() == static_cast<std::size_t>(cache.batch) && freed_pages.data() != nullptr),
-            fn, "freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
-            freed_pages.size(), freed_pages.data() == nullptr ? " at a null pointer" : "");
+// True when [a, a + na) and [b, b + nb) (int32 arrays) overlap.
+inline bool overlaps(const std::int32_t* a, std::size_t na, const std::int32_t* b, std::size_t nb) {
+  if (a == nullptr || b == nullptr || na == 0 || nb == 0) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return pa < pb + nb * sizeof(std::int32_t) && pb < pa + na * sizeof(std::int32_t);
 }
 
-// The state shape a policy needs for a cache.
+// compress's outputs: new_lengths one entry per sequence; freed_pages one
+// per sequence for a paged cache, empty or one per sequence for a contiguous
+// one. Neither may overlap the lengths the view reads (both backends read
+// them while writing the outputs).
+template <class View, memory_space Space>
+void validate_output(const char* fn, const View& cache, const compress_output<Space>& out) {
+  constexpr bool paged = requires { cache.page_size; };
+  require(out.new_lengths.size() == static_cast<std::size_t>(cache.batch) && out.new_lengths.data() != nullptr, fn,
+          "out.new_lengths", "must hold batch = ", cache.batch, " entries (non-null), got ", out.new_lengths.size(),
+          out.new_lengths.data() == nullptr ? " at a null pointer" : "");
+  if constexpr (paged)
+    require(out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr, fn,
+            "out.freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ",
+            out.freed_pages.size());
+  else
+    require(out.freed_pages.empty() ||
+                (out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr),
+            fn, "out.freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
+            out.freed_pages.size(), out.freed_pages.data() == nullptr ? " at a null pointer" : "");
+  const auto* lengths = [&] {
+    if constexpr (paged) return cache.last_page_len.data();
+    else return cache.lengths.data();
+  }();
+  const std::size_t n = static_cast<std::size_t>(cache.batch);
+  require(!overlaps(out.new_lengths.data(), n, lengths, n), fn, "out.new_lengths",
+          "must not overlap the lengths the cache view reads (apply new lengths after the call)");
+  require(!overlaps(out.freed_pages.data(), out.freed_pages.size(), lengths, n), fn, "out.freed_pages",
+          "must not overlap the lengths the cache view reads");
+  require(!overlaps(out.freed_pages.data(), out.freed_pages.size(), out.new_lengths.data(), n), fn,
+          "out.freed_pages", "must not overlap out.new_lengths");
+}
+
+// The state shape a policy needs for a cache: a row per batch position and
+// a slot for every slot of the cache. With a budget, state_capacity_for()
+// gives a much smaller capacity (eviction_state.hpp).
 template <class Policy, class View>
 state_shape state_shape_for(const Policy& policy, const View& cache) {
   return {cache.batch, cache.kv_heads, cache.max_capacity(), policy.ring_words()};
 }
 
+// Bytes of state per (sequence, head, slot) a policy needs.
+template <class Policy>
+constexpr std::size_t state_bytes_per_token(const Policy& policy) {
+  return state_bytes_per_slot(policy.ring_words());
+}
+
 }  // namespace scissorhands::detail
 
 namespace scissorhands {
+using detail::state_bytes_per_token;
 using detail::state_shape_for;
 }

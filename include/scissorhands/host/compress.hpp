@@ -40,10 +40,11 @@ inline void move_token(const View& cache, const eviction_state<memory_space::hos
     std::memcpy(state.ring_of(dst), state.ring_of(src), sizeof(std::uint32_t) * static_cast<std::size_t>(words));
 }
 
+// Whether token state i of state row r is protected.
 template <class Policy>
-inline bool is_protected(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t b,
+inline bool is_protected(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
                          std::int64_t i) {
-  return Policy::protector::is_protected(state.positions[i], state.next_position[b], policy.config);
+  return Policy::protector::is_protected(state.positions[i], state.next_position[r], policy.config);
 }
 
 }  // namespace detail
@@ -58,13 +59,17 @@ std::size_t compress_workspace_bytes(const View& cache) {
   return bytes;
 }
 
-// Evicts and compacts. `freed_pages` (paged views only; batch entries) gets
-// the number of trailing pages each sequence no longer uses. The workspace
-// is scratch: its bytes are unspecified after the call, refused or not.
+// Evicts and compacts K, V and the state. The cache's lengths and page
+// table are not written: out.new_lengths[b] gets every sequence's new length
+// and out.freed_pages[b] (paged: required; contiguous: optional, all 0) the
+// trailing pages of its list it no longer uses. Apply them after the last
+// layer that shares the table (shrink_page_table for a FlashInfer table).
+// The workspace is scratch: its bytes are unspecified after the call,
+// refused or not.
 template <class Policy, class View>
   requires composed_policy<Policy>
 void compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
-              host_span<std::byte> workspace, host_span<std::int32_t> freed_pages = {}) {
+              host_span<std::byte> workspace, compress_output<memory_space::host> out) {
   const char* fn = "host::compress";
   static_assert(View::space == memory_space::host, "host::compress needs a host view");
   detail::validate_common(fn, policy, cache, state);
@@ -77,18 +82,19 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
   detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
   constexpr bool paged = requires { cache.page_size; };
-  detail::validate_freed_pages(fn, cache, freed_pages);
+  detail::validate_output(fn, cache, out);
   // Every sequence that triggers must have state for all its tokens and
   // enough unprotected ones to evict (the state could have been damaged).
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
     if (len < budget) continue;
-    detail::require(state.tracked[b] == len, fn, "state", "tracks ", state.tracked[b], " of the ", len,
+    const std::int32_t r = state.row(b);
+    detail::require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
                     " tokens of sequence ", b, ": call observe (or admit) after appending, before compress");
     const std::int32_t evict = len - budget + m;
     for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
       std::int32_t free = 0;
-      for (std::int32_t t = 0; t < len; ++t) free += !detail::is_protected(policy, state, b, state.index(b, h, t));
+      for (std::int32_t t = 0; t < len; ++t) free += !detail::is_protected(policy, state, r, state.row_index(r, h, t));
       detail::require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
                       " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
     }
@@ -120,17 +126,17 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
   const settings& cfg = policy.config;
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
-    if (len < budget) {
-      if (!freed_pages.empty()) freed_pages[b] = 0;
-      continue;
-    }
+    out.new_lengths[b] = len;
+    if (!out.freed_pages.empty()) out.freed_pages[b] = 0;
+    if (len < budget) continue;
+    const std::int32_t r = state.row(b);
     const std::int32_t evict = len - budget + m;
     const std::int32_t kept = len - evict;
     for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
       std::int32_t count = 0;
       for (std::int32_t t = 0; t < len; ++t) {
-        const std::int64_t i = state.index(b, h, t);
-        if (detail::is_protected(policy, state, b, i)) continue;
+        const std::int64_t i = state.row_index(r, h, t);
+        if (detail::is_protected(policy, state, r, i)) continue;
         candidates[count++] = {
             scissorhands::detail::eviction_key(
                 scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg), state.positions[i]),
@@ -165,50 +171,61 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
         }
       }
     }
-    const std::int32_t freed = cache.shrink(b, kept);
-    if (!freed_pages.empty()) freed_pages[b] = freed;
-    state.tracked[b] = kept;
+    out.new_lengths[b] = kept;
+    if (!out.freed_pages.empty()) out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(kept);
+    state.tracked[r] = kept;
   }
 }
 
-// Drops the pages compress reported free from a FlashInfer page table, in
-// place: indptr shrinks, indices close up, and the freed page ids are
-// written to `released` in order. Returns how many were released.
-inline std::size_t release_freed_pages(host_span<std::int32_t> indptr, host_span<std::int32_t> indices,
-                                       host_span<const std::int32_t> freed_pages, host_span<std::int32_t> released) {
-  const char* fn = "host::release_freed_pages";
+// Applies compress's new lengths to a FlashInfer page table, in place, once
+// after the last layer that shares it: last_page_len is rewritten, the
+// trailing pages each sequence no longer needs leave its list (indptr
+// shrinks, indices close up), and their ids are written to `released` in
+// order for the engine's pool. Returns how many were released. A length
+// may only shrink (or stay): new_lengths[b] <= the length the table holds.
+inline std::size_t shrink_page_table(host_span<std::int32_t> indptr, host_span<std::int32_t> indices,
+                                     host_span<std::int32_t> last_page_len, std::int32_t page_size,
+                                     host_span<const std::int32_t> new_lengths, host_span<std::int32_t> released) {
+  const char* fn = "host::shrink_page_table";
   detail::require(!indptr.empty() && indptr.data() != nullptr, fn, "indptr", "must hold batch + 1 entries, got ",
                   indptr.size(), indptr.data() == nullptr ? " at a null pointer" : "");
-  detail::require(freed_pages.size() + 1 == indptr.size(), fn, "freed_pages",
-                  "must hold indptr.size() - 1 entries, got ", freed_pages.size());
-  detail::require(freed_pages.empty() || freed_pages.data() != nullptr, fn, "freed_pages", "must not be null");
+  const std::size_t batch = indptr.size() - 1;
+  detail::require(page_size > 0, fn, "page_size", "must be positive, got ", page_size);
+  detail::require(new_lengths.size() == batch && (batch == 0 || new_lengths.data() != nullptr), fn, "new_lengths",
+                  "must hold indptr.size() - 1 = ", batch, " entries, got ", new_lengths.size());
+  detail::require(last_page_len.size() == batch && (batch == 0 || last_page_len.data() != nullptr), fn,
+                  "last_page_len", "must hold indptr.size() - 1 = ", batch, " entries, got ", last_page_len.size());
   // The table is read and rewritten in place: it must be a CSR table from 0
   // (a negative start would read before indices).
   detail::require(indptr[0] == 0, fn, "indptr", "must start at 0, got ", indptr[0]);
   std::size_t total = 0;
-  for (std::size_t b = 0; b < freed_pages.size(); ++b) {
+  for (std::size_t b = 0; b < batch; ++b) {
     const std::int64_t pages = std::int64_t{indptr[b + 1]} - indptr[b];  // 64 bits: garbage must not overflow
     detail::require(pages >= 0, fn, "indptr", "must be non-decreasing; indptr[", b + 1, "] = ", indptr[b + 1],
                     " < indptr[", b, "] = ", indptr[b]);
-    detail::require(freed_pages[b] >= 0 && freed_pages[b] <= pages, fn, "freed_pages", "[", b, "] must be in [0, ",
-                    pages, "], got ", freed_pages[b]);
-    total += static_cast<std::size_t>(freed_pages[b]);
+    const std::int64_t held = pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+    detail::require(pages == 0 || (last_page_len[b] >= 1 && last_page_len[b] <= page_size), fn, "last_page_len", "[",
+                    b, "] must be in [1, page_size = ", page_size, "], got ", last_page_len[b]);
+    detail::require(new_lengths[b] >= 0 && new_lengths[b] <= held, fn, "new_lengths", "[", b, "] must be in [0, ",
+                    held, "] (the length the table holds), got ", new_lengths[b]);
+    total += static_cast<std::size_t>(pages - (std::int64_t{new_lengths[b]} + page_size - 1) / page_size);
   }
   detail::require(released.size() >= total, fn, "released", "must hold ", total, " entries, got ", released.size());
   detail::require(total == 0 || released.data() != nullptr, fn, "released", "must not be null");
-  detail::require(static_cast<std::size_t>(indptr[freed_pages.size()]) <= indices.size(), fn, "indices",
-                  "holds fewer entries than indptr[batch] = ", indptr[freed_pages.size()]);
-  detail::require(indptr[freed_pages.size()] == 0 || indices.data() != nullptr, fn, "indices", "must not be null");
+  detail::require(static_cast<std::size_t>(indptr[batch]) <= indices.size(), fn, "indices",
+                  "holds fewer entries than indptr[batch] = ", indptr[batch]);
+  detail::require(indptr[batch] == 0 || indices.data() != nullptr, fn, "indices", "must not be null");
   std::size_t out = 0;
   std::int32_t write = 0;
-  for (std::size_t b = 0; b < freed_pages.size(); ++b) {
+  for (std::size_t b = 0; b < batch; ++b) {
     const std::int32_t begin = indptr[b], end = indptr[b + 1];
-    const std::int32_t keep_end = end - freed_pages[b];
+    const auto kept = static_cast<std::int32_t>((std::int64_t{new_lengths[b]} + page_size - 1) / page_size);
     indptr[b] = write;
-    for (std::int32_t i = begin; i < keep_end; ++i) indices[write++] = indices[i];
-    for (std::int32_t i = keep_end; i < end; ++i) released[out++] = indices[i];
+    for (std::int32_t i = begin; i < begin + kept; ++i) indices[write++] = indices[i];
+    for (std::int32_t i = begin + kept; i < end; ++i) released[out++] = indices[i];
+    last_page_len[b] = kept == 0 ? 0 : new_lengths[b] - (kept - 1) * page_size;
   }
-  indptr[freed_pages.size()] = write;
+  indptr[batch] = write;
   return out;
 }
 

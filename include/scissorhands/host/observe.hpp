@@ -10,6 +10,11 @@
 // positions); with a static observation policy (key_norm, recency,
 // random_score) that is all they do. Neither allocates; both validate every
 // argument, data included, before writing anything.
+//
+// Continuous batching: the state is seen through the step's batch
+// (state.for_batch(state_rows)); a sequence with no cached token (a padding
+// slot, or row -1) is skipped, and one with no query this step (ragged
+// qo_indptr, q_len(b) = 0) only has its new tokens admitted.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,29 +49,72 @@ void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& 
   validate_page_table(fn, cache);
 }
 
+// The state rows a batch maps to must be in range and distinct (-1: a
+// padding slot, which must hold no token). Distinctness is checked with
+// one mark per row in the host state's status words (scratch on the host,
+// zero between calls), so the check allocates nothing and is O(batch).
+template <class View>
+void validate_rows(const char* fn, const View& cache, const eviction_state<memory_space::host>& state) {
+  if (state.state_rows.data() == nullptr) return;  // row b for position b: distinct by construction
+  std::int32_t stop = cache.batch, bad = -1, duplicate = -1;
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t r = state.state_rows[b];
+    if (r < -1 || r >= state.shape.rows) {
+      bad = b;
+      stop = b;
+      break;
+    }
+    if (r < 0) continue;
+    if (state.status[r] != 0) {
+      duplicate = b;
+      stop = b;
+      break;
+    }
+    state.status[r] = 1;
+  }
+  for (std::int32_t b = 0; b < stop; ++b)
+    if (state.state_rows[b] >= 0) state.status[state.state_rows[b]] = 0;
+  require(bad < 0, fn, "state.state_rows", "[", bad, "] = ", bad < 0 ? 0 : state.state_rows[bad],
+          " must be -1 (padding) or a row in [0, shape.rows = ", state.shape.rows, ")");
+  require(duplicate < 0, fn, "state.state_rows", "[", duplicate, "] = ",
+          duplicate < 0 ? 0 : state.state_rows[duplicate],
+          " is the row of an earlier batch position too: each sequence needs its own row");
+}
+
 // Everything observe and compress check before touching memory: the cache,
-// the settings, the state, and per sequence 0 <= tracked <= length <= capacity.
+// the settings, the state and its rows, and per sequence
+// 0 <= tracked <= length <= capacity (the cache's and the state's).
 template <class Policy, class View>
 void validate_common(const char* fn, const Policy& policy, const View& cache,
                      const eviction_state<memory_space::host>& state) {
   validate_cache(fn, cache);
   validate_settings(fn, policy);
   validate_state_matches(fn, policy, cache, state);
+  validate_rows(fn, cache, state);
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
     require(len >= 0 && len <= cache.capacity_of(b), fn, "cache length", " of sequence ", b, " must be in [0, ",
             cache.capacity_of(b), "], got ", len);
-    require(state.tracked[b] >= 0 && state.tracked[b] <= len, fn, "cache length",
-            " of sequence ", b, " is ", len, ", below the ", state.tracked[b],
-            " tokens the state tracks: tokens were removed without compress (reset_sequence to start over)");
-    require(state.next_position[b] >= 0 &&
-                std::int64_t{state.next_position[b]} + (len - state.tracked[b]) <= std::numeric_limits<std::int32_t>::max(),
-            fn, "state.next_position", "[", b, "] = ", state.next_position[b], " leaves no int32 position for ",
-            len - state.tracked[b], " new tokens");
+    const std::int32_t r = state.row(b);
+    if (r < 0) {
+      require(len == 0, fn, "state.state_rows", "[", b, "] is -1 (a padding slot) but sequence ", b, " holds ", len,
+              " tokens");
+      continue;
+    }
+    require(len <= state.shape.capacity, fn, "state.shape.capacity", "is ", state.shape.capacity,
+            " slots but sequence ", b, " holds ", len,
+            " tokens: size it with state_capacity_for(budget, tokens appended between compress calls)");
+    require(state.tracked[r] >= 0 && state.tracked[r] <= len, fn, "cache length",
+            " of sequence ", b, " is ", len, ", below the ", state.tracked[r],
+            " tokens its state row ", r, " tracks: tokens were removed without compress (reset_sequence to start over)");
+    require(state.next_position[r] >= 0 &&
+                std::int64_t{state.next_position[r]} + (len - state.tracked[r]) <= std::numeric_limits<std::int32_t>::max(),
+            fn, "state.next_position", "[", r, "] = ", state.next_position[r], " leaves no int32 position for ",
+            len - state.tracked[r], " new tokens");
     // Steps index the history ring (step mod window): a negative one would
     // write before it, one near INT64_MAX would overflow when q_len is added.
-    require(state.step[b] >= 0 && state.step[b] <= (std::int64_t{1} << 62), fn, "state.step", "[", b, "] = ",
-            state.step[b], " must be in [0, 2^62]: the state is damaged (reset_sequence to start over)");
+    require(state.step[r] >= 0 && state.step[r] <= (std::int64_t{1} << 62), fn, "state.step", "[", r, "] = ",
+            state.step[r], " must be in [0, 2^62]: the state is damaged (reset_sequence to start over)");
   }
 }
 
@@ -76,12 +124,14 @@ void admit(const Policy& policy, const View& cache, const eviction_state<memory_
   using Obs = typename Policy::observation;
   const std::int32_t words = state.shape.ring_words;
   for (std::int32_t b = 0; b < cache.batch; ++b) {
-    const std::int32_t first = state.tracked[b];
+    const std::int32_t r = state.row(b);
+    if (r < 0) continue;
+    const std::int32_t first = state.tracked[r];
     const std::int32_t len = cache.length(b);
     for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
       for (std::int32_t t = first; t < len; ++t) {
-        const std::int64_t i = state.index(b, h, t);
-        const std::int32_t position = state.next_position[b] + (t - first);
+        const std::int64_t i = state.row_index(r, h, t);
+        const std::int32_t position = state.next_position[r] + (t - first);
         state.positions[i] = position;
         if constexpr (Obs::needs_attention)
           state.scores[i] = 0.0f;
@@ -91,8 +141,8 @@ void admit(const Policy& policy, const View& cache, const eviction_state<memory_
         if (words > 0) std::memset(state.ring_of(i), 0, sizeof(std::uint32_t) * static_cast<std::size_t>(words));
       }
     }
-    state.next_position[b] += len - first;
-    state.tracked[b] = len;
+    state.next_position[r] += len - first;
+    state.tracked[r] = len;
   }
 }
 
@@ -105,23 +155,47 @@ inline void record(const Policy& policy, const eviction_state<memory_space::host
   Policy::history::update(state.scores[i], state.observed[i], state.ring_of(i), step, c, policy.config, Obs::binary);
 }
 
-template <class View>
-void validate_queries_shape(const char* fn, const View& cache, std::int32_t q_heads, std::int32_t q_len) {
-  require(q_heads > 0, fn, "q_heads", "must be positive, got ", q_heads);
-  require(q_heads % cache.kv_heads == 0, fn, "q_heads", "must be a multiple of cache.kv_heads = ", cache.kv_heads,
-          " (GQA group size), got ", q_heads);
-  require(q_heads / cache.kv_heads <= max_group_size, fn, "q_heads", "/ kv_heads must be at most ", max_group_size,
-          ", got ", q_heads / cache.kv_heads);
-  require(q_len > 0, fn, "q_len", "must be positive, got ", q_len);
-  for (std::int32_t b = 0; b < cache.batch; ++b)
-    require(q_len <= cache.length(b), fn, "q_len", "must not exceed the length of sequence ", b, " (",
-            cache.length(b), "): each query is a cached token, got ", q_len);
+// The query heads, and how many queries each sequence has: q_len(b) of a
+// sequence with tokens must not exceed its length (each query is a cached
+// token); sequences with no token are skipped whatever their count.
+template <class View, class Queries>
+void validate_query_counts(const char* fn, const View& cache, const Queries& view) {
+  require(view.q_heads > 0, fn, "q_heads", "must be positive, got ", view.q_heads);
+  require(view.q_heads % cache.kv_heads == 0, fn, "q_heads", "must be a multiple of cache.kv_heads = ",
+          cache.kv_heads, " (GQA group size), got ", view.q_heads);
+  require(view.q_heads / cache.kv_heads <= max_group_size, fn, "q_heads", "/ kv_heads must be at most ",
+          max_group_size, ", got ", view.q_heads / cache.kv_heads);
+  if (view.ragged()) {
+    require(view.qo_indptr.size() == static_cast<std::size_t>(cache.batch) + 1, fn, "qo_indptr",
+            "must hold batch + 1 = ", std::int64_t{cache.batch} + 1, " entries, got ", view.qo_indptr.size());
+    require(view.qo_indptr[0] >= 0, fn, "qo_indptr", "[0] must be non-negative, got ", view.qo_indptr[0]);
+    for (std::int32_t b = 0; b < cache.batch; ++b) {
+      const std::int64_t q = std::int64_t{view.qo_indptr[b + 1]} - view.qo_indptr[b];
+      require(q >= 0, fn, "qo_indptr", "must be non-decreasing; qo_indptr[", b + 1, "] = ", view.qo_indptr[b + 1],
+              " < qo_indptr[", b, "] = ", view.qo_indptr[b]);
+      const std::int32_t len = cache.length(b);
+      require(len == 0 || q <= len, fn, "qo_indptr", "gives sequence ", b, " ", q,
+              " queries, more than its length ", len, ": each query is a cached token");
+    }
+  } else {
+    require(view.q_len >= 0, fn, "q_len", "must be non-negative, got ", view.q_len);
+    for (std::int32_t b = 0; b < cache.batch; ++b)
+      require(cache.length(b) == 0 || view.q_len <= cache.length(b), fn, "q_len",
+              "must not exceed the length of sequence ", b, " (", cache.length(b),
+              "): each query is a cached token, got ", view.q_len);
+  }
 }
 
-// Largest element index + 1 a strided (batch, heads, queries, columns) view reaches.
-inline std::int64_t reach(std::int64_t s0, std::int64_t e0, std::int64_t s1, std::int64_t e1, std::int64_t s2,
-                          std::int64_t e2, std::int64_t row) {
-  return layout_extent({s0, s1, s2}, {e0, e1, e2}, row);
+// Largest element index + 1 a view of `row` contiguous elements per
+// (sequence, head, query) reaches, uniform or ragged.
+template <class Queries>
+std::int64_t reach(const Queries& view, std::int64_t sequence_stride, std::int64_t head_stride,
+                   std::int64_t query_stride, std::int32_t batch, std::int64_t row) {
+  if (view.ragged()) {
+    const std::int64_t tokens = view.qo_indptr[static_cast<std::size_t>(batch)];
+    return layout_extent({query_stride, head_stride, 0}, {tokens, view.q_heads, 1}, row);
+  }
+  return layout_extent({sequence_stride, head_stride, query_stride}, {batch, view.q_heads, view.q_len}, row);
 }
 
 }  // namespace detail
@@ -136,22 +210,24 @@ void observe_probabilities(const Policy& policy, View cache, eviction_state<memo
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   if constexpr (Obs::needs_attention) {
-    detail::validate_queries_shape(fn, cache, probs.q_heads, probs.q_len);
-    detail::require(probs.data.data() != nullptr, fn, "probs.data", "must not be null");
+    detail::validate_query_counts(fn, cache, probs);
     std::int32_t max_len = 0;
     for (std::int32_t b = 0; b < cache.batch; ++b) max_len = std::max(max_len, cache.length(b));
     for (auto s : {probs.sequence_stride, probs.head_stride, probs.query_stride})
       detail::require(s >= 0, fn, "probs strides", "must be non-negative, got ", s);
-    const std::int64_t need = detail::reach(probs.sequence_stride, cache.batch, probs.head_stride, probs.q_heads,
-                                            probs.query_stride, probs.q_len, max_len);
+    const std::int64_t need = detail::reach(probs, probs.sequence_stride, probs.head_stride, probs.query_stride,
+                                            cache.batch, max_len);
+    detail::require(need == 0 || probs.data.data() != nullptr, fn, "probs.data", "must not be null");
     detail::require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ",
                     probs.data.size(), " values but the view reaches ", need);
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
+      if (len == 0) continue;
+      const std::int32_t q_len = probs.queries_of(b);
       for (std::int32_t qh = 0; qh < probs.q_heads; ++qh)
-        for (std::int32_t j = 0; j < probs.q_len; ++j) {
+        for (std::int32_t j = 0; j < q_len; ++j) {
           const float* row = probs.row(b, qh, j);
-          const std::int32_t visible = len - probs.q_len + j + 1;
+          const std::int32_t visible = len - q_len + j + 1;
           for (std::int32_t t = 0; t < visible; ++t)
             detail::require(row[t] >= 0.0f && row[t] <= 1.001f, fn, "probs", "value at (sequence ", b, ", query head ",
                             qh, ", query ", j, ", slot ", t, ") must be a probability in [0, 1], got ", row[t]);
@@ -163,22 +239,26 @@ void observe_probabilities(const Policy& policy, View cache, eviction_state<memo
     const std::int32_t group = probs.q_heads / cache.kv_heads;
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
+      const std::int32_t q_len = probs.queries_of(b);
+      const std::int32_t r = state.row(b);
+      if (len == 0 || q_len == 0) continue;
       for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-        for (std::int32_t j = 0; j < probs.q_len; ++j) {
-          const std::int32_t visible = len - probs.q_len + j + 1;
-          const std::int64_t step = state.step[b] + j;
+        for (std::int32_t j = 0; j < q_len; ++j) {
+          const std::int32_t visible = len - q_len + j + 1;
+          const std::int64_t step = state.step[r] + j;
           for (std::int32_t t = 0; t < visible; ++t) {
             float acc = Gqa::identity();
             for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, probs.row(b, h * group + g, j)[t]);
-            detail::record(policy, state, state.index(b, h, t), step, Gqa::finish(acc, group), visible);
+            detail::record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
           }
         }
-      state.step[b] += probs.q_len;
+      state.step[r] += q_len;
     }
   }
 }
 
 // softmax_scale multiplies q.k before the softmax (1/sqrt(head_dim) when 0).
+// A ragged `queries` needs a ragged `lse` over the same qo_indptr array.
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
@@ -194,16 +274,16 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
   using Gqa = typename Policy::gqa;
   const std::int32_t d = cache.head_dim;
   if constexpr (Obs::needs_attention) {
-    detail::validate_queries_shape(fn, cache, queries.q_heads, queries.q_len);
+    detail::validate_query_counts(fn, cache, queries);
     detail::require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
                     queries.head_dim);
-    detail::require(queries.data.data() != nullptr, fn, "queries.data", "must not be null");
     // Typed list: nvcc's front end turns a bare {..} of dependent members into ({..}).
     for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
                                                                 queries.query_stride})
       detail::require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
-    const std::int64_t need = detail::reach(queries.sequence_stride, cache.batch, queries.head_stride,
-                                            queries.q_heads, queries.query_stride, queries.q_len, d);
+    const std::int64_t need = detail::reach(queries, queries.sequence_stride, queries.head_stride,
+                                            queries.query_stride, cache.batch, d);
+    detail::require(need == 0 || queries.data.data() != nullptr, fn, "queries.data", "must not be null");
     detail::require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ",
                     queries.data.size(), " values but the view reaches ", need);
     detail::require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
@@ -212,17 +292,22 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
     detail::require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
                     lse.data.size());
     if (lse.present()) {
+      detail::require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
+                          lse.qo_indptr.size() == queries.qo_indptr.size(),
+                      fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
       for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
         detail::require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
-      const std::int64_t lneed = detail::reach(lse.sequence_stride, cache.batch, lse.head_stride, queries.q_heads,
-                                               lse.query_stride, queries.q_len, 1);
+      const std::int64_t lneed = detail::reach(queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
+                                               cache.batch, 1);
       detail::require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
                       " values but the view reaches ", lneed);
-      for (std::int32_t b = 0; b < cache.batch; ++b)
+      for (std::int32_t b = 0; b < cache.batch; ++b) {
+        if (cache.length(b) == 0) continue;
         for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
-          for (std::int32_t j = 0; j < queries.q_len; ++j)
+          for (std::int32_t j = 0; j < queries.queries_of(b); ++j)
             detail::require(std::isfinite(lse.natural(b, qh, j)), fn, "lse", "value at (sequence ", b,
                             ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
+      }
     }
   }
   detail::admit(policy, cache, state);
@@ -244,9 +329,12 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
     };
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
+      const std::int32_t q_len = queries.queries_of(b);
+      const std::int32_t r = state.row(b);
+      if (len == 0 || q_len == 0) continue;
       for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-        for (std::int32_t j = 0; j < queries.q_len; ++j) {
-          const std::int32_t visible = len - queries.q_len + j + 1;
+        for (std::int32_t j = 0; j < q_len; ++j) {
+          const std::int32_t visible = len - q_len + j + 1;
           for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
           if (lse.present()) {
             for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
@@ -272,15 +360,15 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
             }
             for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
           }
-          const std::int64_t step = state.step[b] + j;
+          const std::int64_t step = state.step[r] + j;
           for (std::int32_t t = 0; t < visible; ++t) {
             group_logits(cache.k_row(b, h, t));
             float acc = Gqa::identity();
             for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
-            detail::record(policy, state, state.index(b, h, t), step, Gqa::finish(acc, group), visible);
+            detail::record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
           }
         }
-      state.step[b] += queries.q_len;
+      state.step[r] += q_len;
     }
   }
 }

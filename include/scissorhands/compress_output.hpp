@@ -1,0 +1,23 @@
+#pragma once
+// What compress reports, in caller-owned spans: the library never writes the
+// engine's lengths or page table, so one table can serve every layer.
+//
+// After the last layer that shares the lengths, the engine applies them:
+// copies new_lengths (contiguous), or for a FlashInfer page table releases
+// the freed trailing pages and rewrites last_page_len
+// (host::shrink_page_table, cuda::shrink_page_table). new_lengths[b] is
+// always length_after_compress(length(b), budget, m) (eviction_state.hpp),
+// so an engine may also compute it on the host without a read-back.
+#include <cstdint>
+
+#include "span.hpp"
+
+namespace scissorhands {
+
+template <memory_space Space>
+struct compress_output {
+  span<std::int32_t, Space> new_lengths;  // [batch] every sequence's length after the call
+  span<std::int32_t, Space> freed_pages;  // paged: [batch] trailing pages now empty; contiguous: empty or [batch] (0)
+};
+
+}  // namespace scissorhands
