@@ -62,6 +62,7 @@ template <class Policy>
 struct fixture_base {
   Policy policy{};
   std::vector<std::int32_t> freed;
+  std::vector<std::int32_t> new_lengths;
   std::vector<std::uint64_t> workspace_store;  // 8-byte aligned
   std::vector<float> probs;
   sh::state_shape shape{};
@@ -72,6 +73,9 @@ struct fixture_base {
     return {reinterpret_cast<std::byte*>(workspace_store.data()), workspace_store.size() * 8};
   }
   void make_workspace(std::size_t bytes) { workspace_store.assign(bytes / 8 + 1, 0); }
+  [[nodiscard]] sh::host_span<std::int32_t> new_span() { return {new_lengths.data(), new_lengths.size()}; }
+  // Both outputs, at their full size.
+  [[nodiscard]] sh::compress_output<host> out() { return {new_span(), {freed.data(), freed.size()}}; }
   [[nodiscard]] std::vector<std::uint8_t> state_bytes() const { return bytes_of(state_mem->data, state_mem->size); }
 };
 
@@ -105,6 +109,7 @@ struct contiguous_fixture : fixture_base<Policy> {
     sh::host::observe_probabilities(this->policy, view(), this->state, probability());
     this->make_workspace(sh::host::compress_workspace_bytes(view()));
     this->freed.assign(batch, -1);
+    this->new_lengths.assign(batch, -1);
   }
 
   [[nodiscard]] sh::host_kv_view<float> view() {
@@ -116,7 +121,8 @@ struct contiguous_fixture : fixture_base<Policy> {
   }
   [[nodiscard]] std::vector<std::vector<std::uint8_t>> bytes() const {
     return {bytes_of(k.data(), k.size()), bytes_of(v.data(), v.size()), bytes_of(lengths.data(), lengths.size()),
-            this->state_bytes(), bytes_of(this->freed.data(), this->freed.size())};
+            this->state_bytes(), bytes_of(this->freed.data(), this->freed.size()),
+            bytes_of(this->new_lengths.data(), this->new_lengths.size())};
   }
 };
 
@@ -154,6 +160,7 @@ struct paged_fixture : fixture_base<Policy> {
     sh::host::observe_probabilities(this->policy, view(), this->state, probability());
     this->make_workspace(sh::host::compress_workspace_bytes(view()));
     this->freed.assign(batch, -1);
+    this->new_lengths.assign(batch, -1);
   }
 
   [[nodiscard]] sh::host_paged_kv_view<float> view() {
@@ -171,7 +178,8 @@ struct paged_fixture : fixture_base<Policy> {
     return {bytes_of(k.data(), k.size()),           bytes_of(v.data(), v.size()),
             bytes_of(indptr.data(), indptr.size()), bytes_of(indices.data(), indices.size()),
             bytes_of(last_page_len.data(), last_page_len.size()), this->state_bytes(),
-            bytes_of(this->freed.data(), this->freed.size())};
+            bytes_of(this->freed.data(), this->freed.size()),
+            bytes_of(this->new_lengths.data(), this->new_lengths.size())};
   }
 };
 
@@ -197,7 +205,7 @@ void check_refused(Fixture& f, const std::string& function, const std::string& a
 // Shorthands for the three entry points on a fixture's own view.
 template <class F, class View>
 void compress_with(F& f, View view, std::int32_t budget) {
-  sh::host::compress(f.policy, view, f.state, budget, f.workspace(), {f.freed.data(), f.freed.size()});
+  sh::host::compress(f.policy, view, f.state, budget, f.workspace(), f.out());
 }
 template <class F, class View>
 void observe_with(F& f, View view) {
@@ -329,12 +337,12 @@ TEST_CASE("bad input: lengths span size differs from batch", "[bad_input]") {
 TEST_CASE("bad input: state made for another batch", "[bad_input]") {
   contiguous_fixture f;
   sh::state_shape other = f.shape;
-  other.batch = 3;
+  other.rows = 1;
   state_buffer mem(sh::state_bytes(other));
   auto st = sh::make_state(sh::host_span<std::byte>(mem.data, mem.size), other);
   sh::host::reset_state(st);
-  check_refused(f, "host::compress", "state.shape.batch", [&] {
-    sh::host::compress(f.policy, f.view(), st, 10, f.workspace(), {});
+  check_refused(f, "host::compress", "state.shape.rows", [&] {
+    sh::host::compress(f.policy, f.view(), st, 10, f.workspace(), f.out());
   });
 }
 
@@ -350,10 +358,20 @@ TEST_CASE("bad input: state made for another head count", "[bad_input]") {
   });
 }
 
-TEST_CASE("bad input: state made for a smaller capacity", "[bad_input]") {
+TEST_CASE("bad input: state capacity below a sequence's length", "[bad_input]") {
+  // The state needs a slot per token held (12 for sequence 0), not the
+  // cache's capacity (16): 12 is accepted, 11 refused.
   contiguous_fixture f;
+  sh::state_shape enough = f.shape;
+  enough.capacity = 12;
+  {
+    state_buffer mem(sh::state_bytes(enough));
+    auto st = sh::make_state(sh::host_span<std::byte>(mem.data, mem.size), enough);
+    sh::host::reset_state(st);
+    REQUIRE_NOTHROW(sh::host::admit(f.policy, f.view(), st));
+  }
   sh::state_shape other = f.shape;
-  other.capacity = f.capacity - 1;
+  other.capacity = 11;
   state_buffer mem(sh::state_bytes(other));
   auto st = sh::make_state(sh::host_span<std::byte>(mem.data, mem.size), other);
   sh::host::reset_state(st);
@@ -364,7 +382,7 @@ TEST_CASE("bad input: state made for another policy", "[bad_input]") {
   contiguous_fixture<sh::scissorhands_policy> f;  // ring_words = 13 at w = 400
   const sh::h2o_policy other;                     // ring_words = 0
   check_refused(f, "host::compress", "state.shape.ring_words", [&] {
-    sh::host::compress(other, f.view(), f.state, 10, f.workspace(), {});
+    sh::host::compress(other, f.view(), f.state, 10, f.workspace(), f.out());
   });
 }
 
@@ -372,7 +390,7 @@ TEST_CASE("bad input: state never laid out", "[bad_input]") {
   contiguous_fixture f;
   const sh::eviction_state<host> blank{};
   check_refused(f, "host::compress", "state", [&] {
-    sh::host::compress(f.policy, f.view(), blank, 10, f.workspace(), {});
+    sh::host::compress(f.policy, f.view(), blank, 10, f.workspace(), f.out());
   });
 }
 
@@ -380,47 +398,77 @@ TEST_CASE("bad input: workspace too small", "[bad_input]") {
   contiguous_fixture f;
   const std::size_t need = sh::host::compress_workspace_bytes(f.view());
   check_refused(f, "host::compress", "workspace",
-                [&] { sh::host::compress(f.policy, f.view(), f.state, 10, {f.workspace().data(), need - 1}, {}); });
+                [&] { sh::host::compress(f.policy, f.view(), f.state, 10, {f.workspace().data(), need - 1}, f.out()); });
 }
 
 TEST_CASE("bad input: workspace null", "[bad_input]") {
   contiguous_fixture f;
   check_refused(f, "host::compress", "workspace", [&] {
-    sh::host::compress(f.policy, f.view(), f.state, 10, {nullptr, f.workspace().size()}, {});
+    sh::host::compress(f.policy, f.view(), f.state, 10, {nullptr, f.workspace().size()}, f.out());
   });
 }
 
 TEST_CASE("bad input: workspace misaligned", "[bad_input]") {
   contiguous_fixture f;
   check_refused(f, "host::compress", "workspace", [&] {
-    sh::host::compress(f.policy, f.view(), f.state, 10, {f.workspace().data() + 4, f.workspace().size() - 4}, {});
+    sh::host::compress(f.policy, f.view(), f.state, 10, {f.workspace().data() + 4, f.workspace().size() - 4},
+                       f.out());
   });
 }
 
 TEST_CASE("bad input: freed_pages of the wrong size for a paged cache", "[bad_input]") {
   paged_fixture f;
-  check_refused(f, "host::compress", "freed_pages", [&] {
-    sh::host::compress(f.policy, f.view(), f.state, 8, f.workspace(), {f.freed.data(), 1});
+  check_refused(f, "host::compress", "out.freed_pages", [&] {
+    sh::host::compress(f.policy, f.view(), f.state, 8, f.workspace(), {f.new_span(), {f.freed.data(), 1}});
   });
 }
 
 TEST_CASE("bad input: freed_pages missing for a paged cache", "[bad_input]") {
   paged_fixture f;
-  check_refused(f, "host::compress", "freed_pages",
-                [&] { sh::host::compress(f.policy, f.view(), f.state, 8, f.workspace(), {}); });
+  check_refused(f, "host::compress", "out.freed_pages",
+                [&] { sh::host::compress(f.policy, f.view(), f.state, 8, f.workspace(), {f.new_span(), {}}); });
 }
 
 TEST_CASE("bad input: freed_pages of the wrong size for a contiguous cache", "[bad_input]") {
   contiguous_fixture f;
   f.freed.assign(3, -1);
-  check_refused(f, "host::compress", "freed_pages", [&] { compress_with(f, f.view(), 10); });
+  check_refused(f, "host::compress", "out.freed_pages", [&] { compress_with(f, f.view(), 10); });
 }
 
 TEST_CASE("bad input: freed_pages null with a size (contiguous cache)", "[bad_input][regression]") {
   // Regression: this used to pass validation and store through null.
   contiguous_fixture f;
-  check_refused(f, "host::compress", "freed_pages", [&] {
-    sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {nullptr, 2});
+  check_refused(f, "host::compress", "out.freed_pages", [&] {
+    sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {f.new_span(), {nullptr, 2}});
+  });
+}
+
+TEST_CASE("bad input: new_lengths missing, short or null", "[bad_input]") {
+  contiguous_fixture f;
+  check_refused(f, "host::compress", "out.new_lengths",
+                [&] { sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {}); });
+  check_refused(f, "host::compress", "out.new_lengths", [&] {
+    sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {{f.new_lengths.data(), 1}, {}});
+  });
+  check_refused(f, "host::compress", "out.new_lengths",
+                [&] { sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {{nullptr, 2}, {}}); });
+}
+
+TEST_CASE("bad input: new_lengths overlapping the lengths the view reads", "[bad_input]") {
+  // An engine applying lengths in place would make the next layer sharing
+  // them read the wrong length: refused, the output is separate.
+  contiguous_fixture f;
+  check_refused(f, "host::compress", "out.new_lengths", [&] {
+    sh::host::compress(f.policy, f.view(), f.state, 10, f.workspace(), {{f.lengths.data(), 2}, {}});
+  });
+  paged_fixture p;
+  check_refused(p, "host::compress", "out.new_lengths", [&] {
+    sh::host::compress(p.policy, p.view(), p.state, 8, p.workspace(),
+                       {{p.last_page_len.data(), 2}, {p.freed.data(), 2}});
+  });
+  check_refused(p, "host::compress", "out.freed_pages", [&] {
+    sh::host::compress(p.policy, p.view(), p.state, 8, p.workspace(),
+                       {{p.new_lengths.data(), 2}, {p.new_lengths.data() + 1, 2}});
   });
 }
 
@@ -605,10 +653,10 @@ TEST_CASE("bad input: q_len above a sequence's length", "[bad_input]") {
                 [&] { sh::host::observe_probabilities(f.policy, f.view(), f.state, p); });
 }
 
-TEST_CASE("bad input: q_len 0", "[bad_input]") {
+TEST_CASE("bad input: q_len negative", "[bad_input]") {
   contiguous_fixture f;
   auto p = f.probability();
-  p.q_len = 0;
+  p.q_len = -1;
   check_refused(f, "host::observe_probabilities", "q_len",
                 [&] { sh::host::observe_probabilities(f.policy, f.view(), f.state, p); });
 }
@@ -916,7 +964,7 @@ TEST_CASE("bad input: paged negative stride", "[bad_input]") {
   paged_fixture f;
   auto view = f.view();
   view.v_layout.head_stride = -4;
-  check_refused(f, "host::compress", "cache.v_pages_layout", [&] { compress_with(f, view, 8); });
+  check_refused(f, "host::compress", "cache.v_layout", [&] { compress_with(f, view, 8); });
 }
 
 TEST_CASE("bad input: paged null K pool", "[bad_input]") {
@@ -937,7 +985,7 @@ TEST_CASE("bad input: paged overlapping page layout", "[bad_input]") {
   paged_fixture f;
   auto view = f.view();
   view.k_layout.page_stride = view.k_layout.token_stride;  // pages overlap their neighbours' tokens
-  check_refused(f, "host::compress", "cache.k_pages_layout", [&] { compress_with(f, view, 8); });
+  check_refused(f, "host::compress", "cache.k_layout", [&] { compress_with(f, view, 8); });
 }
 
 TEST_CASE("bad input: paged page_size 0 and num_pages 0", "[bad_input]") {
@@ -956,8 +1004,8 @@ TEST_CASE("bad input: paged page_size 0 and num_pages 0", "[bad_input]") {
 TEST_CASE("bad input: state_bytes of an empty shape", "[bad_input]") {
   contiguous_fixture f;
   sh::state_shape s = f.shape;
-  s.batch = 0;
-  check_refused(f, "state_bytes", "shape.batch", [&] { (void)sh::state_bytes(s); });
+  s.rows = 0;
+  check_refused(f, "state_bytes", "shape.rows", [&] { (void)sh::state_bytes(s); });
   s = f.shape;
   s.ring_words = -1;
   check_refused(f, "state_bytes", "shape.ring_words", [&] { (void)sh::state_bytes(s); });
@@ -999,8 +1047,8 @@ TEST_CASE("bad input: make_state with a null buffer", "[bad_input]") {
 
 TEST_CASE("bad input: reset_sequence out of the batch", "[bad_input]") {
   contiguous_fixture f;
-  check_refused(f, "host::reset_sequence", "b", [&] { sh::host::reset_sequence(f.state, 2); });
-  check_refused(f, "host::reset_sequence", "b", [&] { sh::host::reset_sequence(f.state, -1); });
+  check_refused(f, "host::reset_sequence", "row", [&] { sh::host::reset_sequence(f.state, 2); });
+  check_refused(f, "host::reset_sequence", "row", [&] { sh::host::reset_sequence(f.state, -1); });
 }
 
 TEST_CASE("bad input: reset_sequence at a negative start position", "[bad_input]") {
@@ -1014,72 +1062,89 @@ TEST_CASE("bad input: reset_state of a state never laid out", "[bad_input]") {
 }
 
 // ---------------------------------------------------------------------------
-// release_freed_pages: the engine-side helper rewrites a page table in place.
+// shrink_page_table: the engine-side helper rewrites a page table in place.
 
 namespace {
 struct page_table {
-  std::vector<std::int32_t> indptr{0, 3, 5}, indices{7, 2, 5, 0, 9}, freed{1, 0}, released{-1, -1, -1, -1, -1};
+  // Pages of 4: sequence 0 holds 11 tokens on 3 pages, sequence 1 6 on 2.
+  std::vector<std::int32_t> indptr{0, 3, 5}, indices{7, 2, 5, 0, 9}, last_page_len{3, 2}, new_lengths{4, 6},
+      released{-1, -1, -1, -1, -1};
   [[nodiscard]] std::vector<std::vector<std::uint8_t>> bytes() const {
     return {bytes_of(indptr.data(), indptr.size()), bytes_of(indices.data(), indices.size()),
-            bytes_of(freed.data(), freed.size()), bytes_of(released.data(), released.size())};
+            bytes_of(last_page_len.data(), last_page_len.size()), bytes_of(new_lengths.data(), new_lengths.size()),
+            bytes_of(released.data(), released.size())};
   }
-  std::size_t release() {
-    return sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                         {freed.data(), freed.size()}, {released.data(), released.size()});
+  std::size_t shrink(std::int32_t page_size = 4) {
+    return sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                       {last_page_len.data(), last_page_len.size()}, page_size,
+                                       {new_lengths.data(), new_lengths.size()}, {released.data(), released.size()});
   }
 };
 }  // namespace
 
-TEST_CASE("bad input: release_freed_pages with a negative indptr start", "[bad_input][regression]") {
-  // Regression: it used to read indices[-2] (heap-buffer-overflow).
+TEST_CASE("bad input: shrink_page_table with a negative indptr start", "[bad_input][regression]") {
+  // Regression (as release_freed_pages): it used to read indices[-2] (heap-buffer-overflow).
   page_table t;
   t.indptr = {-2, 1, 3};
-  check_refused(t, "host::release_freed_pages", "indptr", [&] { t.release(); });
+  check_refused(t, "host::shrink_page_table", "indptr", [&] { t.shrink(); });
 }
 
-TEST_CASE("bad input: release_freed_pages with a decreasing indptr", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table with a decreasing indptr", "[bad_input]") {
   page_table t;
   t.indptr = {0, 3, INT32_MIN};
-  t.freed = {0, 0};
-  check_refused(t, "host::release_freed_pages", "indptr", [&] { t.release(); });
+  check_refused(t, "host::shrink_page_table", "indptr", [&] { t.shrink(); });
 }
 
-TEST_CASE("bad input: release_freed_pages freeing more pages than listed", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table growing a sequence or a negative length", "[bad_input]") {
   page_table t;
-  t.freed = {4, 0};
-  check_refused(t, "host::release_freed_pages", "freed_pages", [&] { t.release(); });
+  t.new_lengths = {12, 6};  // the table holds 11
+  check_refused(t, "host::shrink_page_table", "new_lengths", [&] { t.shrink(); });
+  t.new_lengths = {-1, 6};
+  check_refused(t, "host::shrink_page_table", "new_lengths", [&] { t.shrink(); });
 }
 
-TEST_CASE("bad input: release_freed_pages with freed_pages of the wrong size", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table with new_lengths or last_page_len of the wrong size", "[bad_input]") {
   page_table t;
-  t.freed = {1};
-  check_refused(t, "host::release_freed_pages", "freed_pages", [&] { t.release(); });
+  t.new_lengths = {4};
+  check_refused(t, "host::shrink_page_table", "new_lengths", [&] { t.shrink(); });
+  page_table u;
+  u.last_page_len = {3};
+  check_refused(u, "host::shrink_page_table", "last_page_len", [&] { u.shrink(); });
 }
 
-TEST_CASE("bad input: release_freed_pages into a short or null released", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table with a bad last_page_len or page_size", "[bad_input]") {
   page_table t;
-  t.freed = {2, 1};
-  check_refused(t, "host::release_freed_pages", "released", [&] {
-    sh::host::release_freed_pages({t.indptr.data(), 3}, {t.indices.data(), 5}, {t.freed.data(), 2},
-                                  {t.released.data(), 2});
+  t.last_page_len = {5, 2};
+  check_refused(t, "host::shrink_page_table", "last_page_len", [&] { t.shrink(); });
+  page_table u;
+  check_refused(u, "host::shrink_page_table", "page_size", [&] { u.shrink(0); });
+}
+
+TEST_CASE("bad input: shrink_page_table into a short or null released", "[bad_input]") {
+  page_table t;
+  t.new_lengths = {1, 0};  // releases 2 + 2 pages
+  check_refused(t, "host::shrink_page_table", "released", [&] {
+    sh::host::shrink_page_table({t.indptr.data(), 3}, {t.indices.data(), 5}, {t.last_page_len.data(), 2}, 4,
+                                {t.new_lengths.data(), 2}, {t.released.data(), 3});
   });
-  check_refused(t, "host::release_freed_pages", "released", [&] {
-    sh::host::release_freed_pages({t.indptr.data(), 3}, {t.indices.data(), 5}, {t.freed.data(), 2}, {nullptr, 5});
+  check_refused(t, "host::shrink_page_table", "released", [&] {
+    sh::host::shrink_page_table({t.indptr.data(), 3}, {t.indices.data(), 5}, {t.last_page_len.data(), 2}, 4,
+                                {t.new_lengths.data(), 2}, {nullptr, 5});
   });
 }
 
-TEST_CASE("bad input: release_freed_pages with null indices", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table with null indices", "[bad_input]") {
   page_table t;
-  check_refused(t, "host::release_freed_pages", "indices", [&] {
-    sh::host::release_freed_pages({t.indptr.data(), 3}, {nullptr, 5}, {t.freed.data(), 2},
-                                  {t.released.data(), 5});
+  check_refused(t, "host::shrink_page_table", "indices", [&] {
+    sh::host::shrink_page_table({t.indptr.data(), 3}, {nullptr, 5}, {t.last_page_len.data(), 2}, 4,
+                                {t.new_lengths.data(), 2}, {t.released.data(), 5});
   });
 }
 
-TEST_CASE("bad input: release_freed_pages with an empty indptr", "[bad_input]") {
+TEST_CASE("bad input: shrink_page_table with an empty indptr", "[bad_input]") {
   page_table t;
-  check_refused(t, "host::release_freed_pages", "indptr", [&] {
-    sh::host::release_freed_pages({}, {t.indices.data(), 5}, {}, {t.released.data(), 5});
+  check_refused(t, "host::shrink_page_table", "indptr", [&] {
+    sh::host::shrink_page_table({}, {t.indices.data(), 5}, {}, 4, {}, {t.released.data(), 5});
   });
 }
 

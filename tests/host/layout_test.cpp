@@ -220,13 +220,19 @@ TEST_CASE("views address rows through their layouts and page tables", "[layout][
         CHECK(paged.k_row(b, h, t) - kp.data() == ((page * H + h) * P + t % P) * D);
         CHECK(paged.v_row(b, h, t) - vp.data() == ((page * H + h) * P + t % P) * D);
       }
-  // shrink: 4 tokens -> 2 leaves one page; 9 -> 9 frees none.
-  CHECK(paged.shrink(0, 2) == 1);
-  CHECK(last[0] == 2);
-  CHECK(paged.shrink(1, 9) == 0);
-  CHECK(last[1] == 3);
-  CHECK(paged.shrink(1, 0) == 3);
-  CHECK(last[1] == 0);
+  // Pages a length needs: 2 tokens one page, 9 three, none none.
+  CHECK(paged.pages_for(2) == 1);
+  CHECK(paged.pages_for(9) == 3);
+  CHECK(paged.pages_for(0) == 0);
+  CHECK(paged.pages_for(INT32_MAX) == static_cast<std::int32_t>((std::int64_t{INT32_MAX} + P - 1) / P));
+}
+
+TEST_CASE("length_after_compress is the data-independent rule", "[layout]") {
+  STATIC_REQUIRE(sh::length_after_compress(10, 16, 4) == 10);
+  STATIC_REQUIRE(sh::length_after_compress(16, 16, 4) == 12);
+  STATIC_REQUIRE(sh::length_after_compress(20, 16, 1) == 15);
+  STATIC_REQUIRE(sh::state_capacity_for(1024, 1) == 1024);
+  STATIC_REQUIRE(sh::state_capacity_for(1024, 256) == 1279);
 }
 
 TEST_CASE("spans convert to const in the same space, keeping data and size", "[span]") {

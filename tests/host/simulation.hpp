@@ -183,21 +183,21 @@ class simulation {
       const auto state_before = st_.buffer.snapshot();
       std::vector<std::int32_t> len_before;
       for (std::int32_t b = 0; b < batch; ++b) len_before.push_back(cache_.length(b));
-      auto freed = cache_.freed_span();
-      sh::host::compress(policy_, cache_.view(), st_.state, cache_.max_capacity() + 1, workspace_.span(), freed);
+      auto out = cache_.output();
+      sh::host::compress(policy_, cache_.view(), st_.state, cache_.max_capacity() + 1, workspace_.span(), out);
       REQUIRE(same_floats(cache_before[0], cache_.data[0]));
       REQUIRE(same_floats(cache_before[1], cache_.data[1]));
       REQUIRE(st_.buffer.equals(state_before));
       for (std::int32_t b = 0; b < batch; ++b) REQUIRE(cache_.length(b) == len_before[static_cast<std::size_t>(b)]);
-      for (std::size_t b = 0; b < freed.size(); ++b) REQUIRE(freed[b] == 0);
+      for (std::size_t b = 0; b < out.freed_pages.size(); ++b) REQUIRE(out.freed_pages[b] == 0);
+      for (std::int32_t b = 0; b < batch; ++b) REQUIRE(out.new_lengths[static_cast<std::size_t>(b)] == len_before[static_cast<std::size_t>(b)]);
     }
 
     // 5. Compress at the budget.
     const auto cache_before = copy_buffers(cache_);
     const auto state_before = st_.buffer.snapshot();
     std::vector<std::vector<std::int32_t>> slots_before = slot_pos_;
-    auto freed = cache_.freed_span();
-    sh::host::compress(policy_, cache_.view(), st_.state, spec_.budget, workspace_.span(), freed);
+    sh::host::compress(policy_, cache_.view(), st_.state, spec_.budget, workspace_.span(), cache_.output());
 
     std::vector<std::int32_t> new_lengths;
     std::vector<std::vector<std::vector<std::int32_t>>> evicted;

@@ -1,6 +1,6 @@
 // The state's lifetime and bookkeeping: its layout in the caller's buffer,
 // reset_state, reset_sequence (a batch slot reused for a new request, then
-// checked against the oracle), release_freed_pages, and host::admit.
+// checked against the oracle), shrink_page_table, and host::admit.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -88,8 +88,8 @@ TEST_CASE("reset_sequence forgets one sequence, the others and the oracle carry 
   auto& st = sim.state();
   const auto before = st.buffer.snapshot();
   // Bad arguments change nothing.
-  CHECK(refused_argument([&] { sh::host::reset_sequence(st.state, 3, 0); }) == "b");
-  CHECK(refused_argument([&] { sh::host::reset_sequence(st.state, -1, 0); }) == "b");
+  CHECK(refused_argument([&] { sh::host::reset_sequence(st.state, 3, 0); }) == "row");
+  CHECK(refused_argument([&] { sh::host::reset_sequence(st.state, -1, 0); }) == "row");
   CHECK(refused_argument([&] { sh::host::reset_sequence(st.state, 1, -5); }) == "start_position");
   REQUIRE(st.buffer.equals(before));
 
@@ -118,47 +118,48 @@ TEST_CASE("reset_sequence forgets one sequence, the others and the oracle carry 
   CHECK(sim.evictions() > 0);
 }
 
-TEST_CASE("release_freed_pages drops trailing pages from a CSR page table", "[paged]") {
+TEST_CASE("shrink_page_table applies new lengths to a CSR page table", "[paged]") {
+  // Pages of 4: lengths 11 (3 pages), 0, 15 (4 pages), 6 (2 pages).
   std::vector<std::int32_t> indptr{0, 3, 3, 7, 9};
   std::vector<std::int32_t> indices{10, 11, 12, 20, 21, 22, 23, 30, 31, -1};
+  std::vector<std::int32_t> last_page_len{3, 0, 3, 2};
   std::vector<std::int32_t> released(8, -1);
+  auto shrink = [&](const std::vector<std::int32_t>& new_lengths, std::size_t room) {
+    return sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                       {last_page_len.data(), last_page_len.size()}, 4,
+                                       {new_lengths.data(), new_lengths.size()}, {released.data(), room});
+  };
   SECTION("some freed") {
-    const std::vector<std::int32_t> freed{1, 0, 2, 2};
-    const auto n = sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                                 {freed.data(), freed.size()}, {released.data(), released.size()});
-    CHECK(n == 5);
+    CHECK(shrink({8, 0, 5, 0}, 8) == 5);
     CHECK(indptr == std::vector<std::int32_t>{0, 2, 2, 4, 4});
     CHECK(std::vector<std::int32_t>(indices.begin(), indices.begin() + 4) == std::vector<std::int32_t>{10, 11, 20, 21});
+    CHECK(last_page_len == std::vector<std::int32_t>{4, 0, 1, 0});
     CHECK(std::vector<std::int32_t>(released.begin(), released.begin() + 5) ==
           std::vector<std::int32_t>{12, 22, 23, 30, 31});
     CHECK(released[5] == -1);
   }
-  SECTION("none freed") {
+  SECTION("none freed, last pages shorter") {
     const auto indptr0 = indptr;
     const auto indices0 = indices;
-    const std::vector<std::int32_t> freed{0, 0, 0, 0};
-    CHECK(sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                        {freed.data(), freed.size()}, {released.data(), 0}) == 0);
+    CHECK(shrink({9, 0, 13, 5}, 0) == 0);
     CHECK(indptr == indptr0);
     CHECK(indices == indices0);
+    CHECK(last_page_len == std::vector<std::int32_t>{1, 0, 1, 1});
   }
   SECTION("bad input leaves the table alone") {
     const auto indptr0 = indptr;
     const auto indices0 = indices;
-    const std::vector<std::int32_t> too_many{4, 0, 0, 0}, negative{0, 0, -1, 0}, short_list{1, 0, 0};
-    const std::vector<std::int32_t> ok{1, 0, 2, 2};
-    auto call = [&](const std::vector<std::int32_t>& freed, std::size_t room) {
-      return refused_argument([&] {
-        sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                      {freed.data(), freed.size()}, {released.data(), room});
-      });
+    const auto last0 = last_page_len;
+    auto call = [&](const std::vector<std::int32_t>& new_lengths, std::size_t room) {
+      return refused_argument([&] { shrink(new_lengths, room); });
     };
-    CHECK(call(too_many, 8) == "freed_pages");
-    CHECK(call(negative, 8) == "freed_pages");
-    CHECK(call(short_list, 8) == "freed_pages");
-    CHECK(call(ok, 4) == "released");
+    CHECK(call({12, 0, 15, 6}, 8) == "new_lengths");  // grows sequence 0
+    CHECK(call({8, 0, -1, 6}, 8) == "new_lengths");
+    CHECK(call({8, 0, 15}, 8) == "new_lengths");
+    CHECK(call({8, 0, 5, 0}, 4) == "released");
     CHECK(indptr == indptr0);
     CHECK(indices == indices0);
+    CHECK(last_page_len == last0);
     CHECK(std::count(released.begin(), released.end(), -1) == 8);
   }
 }
@@ -205,7 +206,9 @@ TEST_CASE("compress needs no more workspace than it reports", "[state]") {
   CHECK(need > 0);
   // Exactly the reported size, with guard bytes after it that must survive.
   aligned_bytes ws(need + 64, 0xCD);
-  sh::host::compress(policy, cache.view(), st.state, 10, {ws.data(), need});
-  CHECK(cache.lengths == std::vector<std::int32_t>{7, 7});
+  std::vector<std::int32_t> new_lengths(2, -1);
+  sh::host::compress(policy, cache.view(), st.state, 10, {ws.data(), need}, {{new_lengths.data(), 2}, {}});
+  CHECK(new_lengths == std::vector<std::int32_t>{7, 7});
+  CHECK(cache.lengths == std::vector<std::int32_t>{20, 20});  // the engine's, untouched
   for (std::size_t i = need; i < need + 64; ++i) REQUIRE(ws.data()[i] == std::byte{0xCD});
 }

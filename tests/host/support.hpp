@@ -123,13 +123,15 @@ struct contiguous_cache {
   sh::kv_layout layouts[2];  // K, V
   std::vector<float> data[2];
   std::vector<std::int32_t> lengths;
-  std::vector<std::int32_t> freed;  // handed to compress when pass_freed
+  std::vector<std::int32_t> reported;  // compress's new_lengths
+  std::vector<std::int32_t> freed;     // handed to compress when pass_freed
   bool pass_freed = true;
 
   contiguous_cache(std::int32_t batch_, std::int32_t kv_heads_, std::int32_t head_dim_, std::int32_t capacity_,
                    sh::kv_layout k_layout, sh::kv_layout v_layout, std::uint64_t seed)
       : batch(batch_), kv_heads(kv_heads_), head_dim(head_dim_), capacity(capacity_), layouts{k_layout, v_layout},
-        lengths(static_cast<std::size_t>(batch_), 0), freed(static_cast<std::size_t>(batch_), -7) {
+        lengths(static_cast<std::size_t>(batch_), 0), reported(static_cast<std::size_t>(batch_), -7),
+        freed(static_cast<std::size_t>(batch_), -7) {
     for (int kind = 0; kind < 2; ++kind) {
       // Largest offset the layout reaches, plus a tail nobody may write.
       std::int64_t last = 0;
@@ -153,19 +155,24 @@ struct contiguous_cache {
 
   sh::host_kv_view<float> view() {
     return {sh::host_span<float>(data[0].data(), data[0].size()), sh::host_span<float>(data[1].data(), data[1].size()),
-            layouts[0], layouts[1], sh::host_span<std::int32_t>(lengths.data(), lengths.size()),
+            layouts[0], layouts[1], sh::host_span<const std::int32_t>(lengths.data(), lengths.size()),
             batch, kv_heads, head_dim, capacity};
   }
-  sh::host_span<std::int32_t> freed_span() {
-    if (!pass_freed) return {};
+  // Fresh output spans for one compress call (poisoned, so unwritten entries show).
+  sh::compress_output<sh::memory_space::host> output() {
+    std::fill(reported.begin(), reported.end(), -7);
     std::fill(freed.begin(), freed.end(), -7);
-    return {freed.data(), freed.size()};
+    if (!pass_freed) return {{reported.data(), reported.size()}, {}};
+    return {{reported.data(), reported.size()}, {freed.data(), freed.size()}};
   }
-  // After compress: a contiguous cache frees no pages; returns "" when all is well.
-  std::string after_compress(const std::vector<std::int32_t>&) {
-    if (!pass_freed) return "";
-    for (std::int32_t f : freed)
-      if (f != 0) return "a contiguous cache reported freed pages";
+  // After compress: checks the reported lengths (a contiguous cache frees no
+  // pages) and applies them as an engine would. Returns "" when all is well.
+  std::string after_compress(const std::vector<std::int32_t>& new_lengths) {
+    if (reported != new_lengths) return "compress reported other new lengths than expected";
+    if (pass_freed)
+      for (std::int32_t f : freed)
+        if (f != 0) return "a contiguous cache reported freed pages";
+    lengths = reported;
     return "";
   }
 };
@@ -179,7 +186,7 @@ struct paged_cache {
   std::vector<std::vector<std::int32_t>> pages;  // per sequence, in order
   std::vector<std::int32_t> lengths;             // the test's own record
   std::vector<std::int32_t> free_list;
-  std::vector<std::int32_t> indptr, indices, last_page_len, freed;
+  std::vector<std::int32_t> indptr, indices, last_page_len, reported, freed;
   std::uint64_t seed;
 
   paged_cache(std::int32_t batch_, std::int32_t kv_heads_, std::int32_t head_dim_, std::int32_t page_size_,
@@ -253,15 +260,18 @@ struct paged_cache {
     v.max_pages_per_sequence = max_pages;
     return v;
   }
-  sh::host_span<std::int32_t> freed_span() {
+  // Fresh output spans for one compress call (poisoned, so unwritten entries show).
+  sh::compress_output<sh::memory_space::host> output() {
+    reported.assign(static_cast<std::size_t>(batch), -7);
     freed.assign(static_cast<std::size_t>(batch), -7);
-    return {freed.data(), freed.size()};
+    return {{reported.data(), reported.size()}, {freed.data(), freed.size()}};
   }
   // After compress: checks what the library reported against the expected
-  // new lengths, releases the freed pages through release_freed_pages, and
-  // takes the new table as the test's own. Returns "" when all is well.
+  // new lengths, applies them through shrink_page_table, and takes the new
+  // table as the test's own. Returns "" when all is well.
   std::string after_compress(const std::vector<std::int32_t>& new_lengths) {
     std::ostringstream err;
+    if (reported != new_lengths) return "compress reported other new lengths than expected";
     std::vector<std::int32_t> expect_released;
     for (std::int32_t b = 0; b < batch; ++b) {
       const auto& list = pages[static_cast<std::size_t>(b)];
@@ -271,20 +281,17 @@ struct paged_cache {
       if (freed[static_cast<std::size_t>(b)] != want_freed)
         err << "sequence " << b << ": freed_pages " << freed[static_cast<std::size_t>(b)] << ", expected "
             << want_freed << "; ";
-      const std::int32_t want_last = keep == 0 ? 0 : len - (keep - 1) * page_size;
-      if (last_page_len[static_cast<std::size_t>(b)] != want_last)
-        err << "sequence " << b << ": last_page_len " << last_page_len[static_cast<std::size_t>(b)] << ", expected "
-            << want_last << "; ";
       for (std::int32_t i = keep; i < static_cast<std::int32_t>(list.size()); ++i)
         expect_released.push_back(list[static_cast<std::size_t>(i)]);
     }
     if (!err.str().empty()) return err.str();
     std::vector<std::int32_t> released(expect_released.size() + 2, -1);
-    const std::size_t n = sh::host::release_freed_pages(
+    const std::size_t n = sh::host::shrink_page_table(
         {indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-        sh::host_span<const std::int32_t>(freed.data(), freed.size()), {released.data(), released.size()});
+        {last_page_len.data(), last_page_len.size()}, page_size,
+        sh::host_span<const std::int32_t>(reported.data(), reported.size()), {released.data(), released.size()});
     released.resize(n);
-    if (released != expect_released) return "release_freed_pages released other pages than the trailing ones";
+    if (released != expect_released) return "shrink_page_table released other pages than the trailing ones";
     for (std::int32_t b = 0; b < batch; ++b) {
       auto& list = pages[static_cast<std::size_t>(b)];
       std::vector<std::int32_t> now(indices.begin() + indptr[static_cast<std::size_t>(b)],
@@ -292,7 +299,7 @@ struct paged_cache {
       const std::int32_t len = new_lengths[static_cast<std::size_t>(b)];
       const std::size_t keep = static_cast<std::size_t>((len + page_size - 1) / page_size);
       if (now.size() != keep || !std::equal(now.begin(), now.end(), list.begin()))
-        return "release_freed_pages did not keep sequence " + std::to_string(b) + "'s leading pages";
+        return "shrink_page_table did not keep sequence " + std::to_string(b) + "'s leading pages";
       const std::int32_t table_length =
           now.empty() ? 0
                       : (static_cast<std::int32_t>(now.size()) - 1) * page_size +
