@@ -236,10 +236,13 @@ class compressor_impl final : public kv_compressor {
     }
   }
 
-  void compress(std::int32_t layer, sh::host_kv_view<float> cache) override {
+  std::int32_t compress(std::int32_t layer, sh::host_kv_view<float> cache) override {
     const auto l = static_cast<std::size_t>(layer);
+    std::int32_t new_length = 0;
     sh::host::compress(policy_, cache, states_[l], budgets_[l],
-                       sh::host_span<std::byte>(workspaces_[l]->data, workspace_bytes_[l]));
+                       sh::host_span<std::byte>(workspaces_[l]->data, workspace_bytes_[l]),
+                       {sh::host_span<std::int32_t>(&new_length, 1), {}});
+    return new_length;
   }
 
   void reset() override {

@@ -66,8 +66,10 @@ class kv_compressor {
   // `lse` [q_heads] natural log-sum-exp of the scaled logits.
   virtual void observe(std::int32_t layer, scissorhands::host_kv_view<float> cache, const float* probs,
                        const float* queries, const float* lse, std::int32_t q_heads) = 0;
-  // Evicts when the layer's cache holds its budget (the library decides).
-  virtual void compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) = 0;
+  // Evicts when the layer's cache holds its budget (the library decides)
+  // and returns the layer's new length: the lengths are the engine's, and
+  // it applies it.
+  virtual std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) = 0;
   // Forgets every token (a new text).
   virtual void reset() = 0;
   // The library's state of a layer (tests inspect it).

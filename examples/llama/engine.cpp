@@ -110,7 +110,7 @@ sh::host_kv_view<float> engine::view(std::int32_t layer) {
   const model_config& c = model_.config;
   return sh::make_kv_view(sh::host_span<float>(k_cache_[l].data(), k_cache_[l].size()),
                           sh::host_span<float>(v_cache_[l].data(), v_cache_[l].size()),
-                          sh::host_span<std::int32_t>(&lengths_[l], 1), 1, c.kv_heads, c.head_dim, capacity_[l],
+                          sh::host_span<const std::int32_t>(&lengths_[l], 1), 1, c.kv_heads, c.head_dim, capacity_[l],
                           layout_);
 }
 
@@ -218,7 +218,7 @@ const float* engine::step(std::int32_t token) {
         library -= clock_type::now() - h0;
       }
       const auto c0 = clock_type::now();
-      compressor_->compress(l, cache);
+      lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, cache);
       const auto c1 = clock_type::now();
       library += c1 - l0;
       compress += c1 - c0;

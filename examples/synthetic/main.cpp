@@ -177,7 +177,7 @@ class policy_run final : public run_base {
     k_.assign(elems, 0.0f);
     v_.assign(elems, 0.0f);
     cache_ = sh::make_kv_view(sh::host_span<float>(k_.data(), k_.size()), sh::host_span<float>(v_.data(), v_.size()),
-                              sh::host_span<std::int32_t>(length_, 1), 1, kv_heads, head_dim, capacity_,
+                              sh::host_span<const std::int32_t>(length_, 1), 1, kv_heads, head_dim, capacity_,
                               sh::named_layout::nhd);
     const sh::state_shape shape = sh::state_shape_for(policy_, cache_);
     result.state_bytes = sh::state_bytes(shape);
@@ -227,9 +227,13 @@ class policy_run final : public run_base {
     const auto probs = sh::probability_view<sh::memory_space::host>::dense(
         sh::host_span<const float>(probs_.data(), static_cast<std::size_t>(q_heads) * len), q_heads, 1, len);
     sh::host::observe_probabilities(policy_, cache_, state_, probs);
+    // 4. The library reports the new length; the engine owns it and applies it.
+    std::int32_t new_length = 0;
     sh::host::compress(policy_, cache_, state_, result.budget,
                        sh::host_span<std::byte>(reinterpret_cast<std::byte*>(workspace_.data()),
-                                                workspace_.size() * sizeof(std::uint64_t)));
+                                                workspace_.size() * sizeof(std::uint64_t)),
+                       {sh::host_span<std::int32_t>(&new_length, 1), {}});
+    length_[0] = new_length;
   }
 
  private:

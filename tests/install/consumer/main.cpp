@@ -16,7 +16,7 @@ int main() {
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = v[i] = static_cast<float>(i / head_dim);  // row t holds t
   std::vector<std::int32_t> lengths{5};
   const auto cache = sh::make_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                                      sh::host_span<std::int32_t>(lengths.data(), 1), 1, 1, head_dim, capacity,
+                                      sh::host_span<const std::int32_t>(lengths.data(), 1), 1, 1, head_dim, capacity,
                                       sh::named_layout::nhd);
   sh::h2o_policy policy;
   policy.config.recent = 1;
@@ -32,7 +32,9 @@ int main() {
   sh::host::observe_probabilities(policy, cache, state,
                                   sh::probability_view<sh::memory_space::host>::dense({probs.data(), probs.size()}, 1, 1, 5));
   std::vector<std::byte> workspace(sh::host::compress_workspace_bytes(cache) + 16);
-  sh::host::compress(policy, cache, state, 5, {workspace.data(), workspace.size()});
+  std::vector<std::int32_t> new_lengths(1);
+  sh::host::compress(policy, cache, state, 5, {workspace.data(), workspace.size()}, {{new_lengths.data(), 1}, {}});
+  lengths = new_lengths;  // the engine applies the lengths compress reports
 
   bool ok = lengths[0] == 4;
   for (std::int32_t t = 0; t < lengths[0]; ++t) {
