@@ -5,10 +5,14 @@
 // argument and the bound it broke; nothing the caller owns has been written.
 // CUDA entry points validate the same way on the host and return cudaError_t
 // only for errors of the CUDA runtime itself.
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace scissorhands {
 
@@ -55,4 +59,77 @@ inline void require(bool condition, const char* function, const char* argument, 
 }
 
 }  // namespace detail
+
+// The non-throwing path: catch_errors runs a call and turns whatever it
+// threw into an error_info, a fixed-size value (no allocation, no
+// std::string), so code that must not throw (a CUDA graph capture, a
+// noexcept engine hook, the C++17 bridge in bridge/) can still report the
+// function, the argument and the message. On success it costs one zeroed
+// struct and nothing else.
+enum class error_code : std::int32_t {
+  ok = 0,
+  invalid_argument = 1,  // scissorhands::invalid_argument: nothing the caller owns was written
+  out_of_memory = 2,     // std::bad_alloc (only setup-time code allocates)
+  internal = 3,          // any other exception: a bug of the library or of the callable
+};
+
+struct error_info {
+  static constexpr std::size_t name_size = 64;      // function, argument (NUL-terminated, truncated)
+  static constexpr std::size_t message_size = 256;  // what() (NUL-terminated, "..." when truncated)
+  error_code code = error_code::ok;
+  char function[name_size] = {};
+  char argument[name_size] = {};
+  char message[message_size] = {};
+
+  [[nodiscard]] bool ok() const noexcept { return code == error_code::ok; }
+  explicit operator bool() const noexcept { return !ok(); }  // true when something failed
+};
+
+namespace detail {
+
+// Copies the NUL-terminated `source` (null: empty) into `out`, always
+// NUL-terminated; a string that does not fit ends in "...".
+template <std::size_t N>
+void copy_truncated(char (&out)[N], const char* source) noexcept {
+  static_assert(N >= 4, "room for the truncation mark");
+  std::size_t i = 0;
+  if (source != nullptr)
+    for (; i + 1 < N && source[i] != '\0'; ++i) out[i] = source[i];
+  out[i] = '\0';
+  if (source != nullptr && source[i] != '\0')
+    for (std::size_t k = N - 4; k + 1 < N; ++k) out[k] = '.';
+}
+
+inline error_info make_error_info(error_code code, const char* function, const char* argument,
+                                  const char* message) noexcept {
+  error_info e;
+  e.code = code;
+  copy_truncated(e.function, function);
+  copy_truncated(e.argument, argument);
+  copy_truncated(e.message, message);
+  return e;
+}
+
+}  // namespace detail
+
+// Runs call() and reports what it threw instead of throwing:
+//   auto e = scissorhands::catch_errors([&] { host::compress(policy, cache, state, budget, ws, out); });
+//   if (e) log(e.message);   // e.code, e.function ("host::compress"), e.argument ("budget")
+// What call() returns is discarded (capture results by reference).
+template <class F>
+[[nodiscard]] error_info catch_errors(F&& call) noexcept {
+  try {
+    std::forward<F>(call)();
+  } catch (const invalid_argument& x) {
+    return detail::make_error_info(error_code::invalid_argument, x.function().c_str(), x.argument().c_str(), x.what());
+  } catch (const std::bad_alloc& x) {
+    return detail::make_error_info(error_code::out_of_memory, "", "", x.what());
+  } catch (const std::exception& x) {
+    return detail::make_error_info(error_code::internal, "", "", x.what());
+  } catch (...) {
+    return detail::make_error_info(error_code::internal, "", "", "unknown exception");
+  }
+  return {};
+}
+
 }  // namespace scissorhands

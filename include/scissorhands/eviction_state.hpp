@@ -145,7 +145,7 @@ inline void validate_state_shape(const char* fn, const state_shape& s) {
 // count and ring_words words of history (plus per-row counters and 256-byte
 // alignment padding, which state_bytes adds).
 constexpr std::size_t state_bytes_per_slot(std::int32_t ring_words) {
-  return 3 * 4 + 4 * static_cast<std::size_t>(ring_words < 0 ? 0 : ring_words);
+  return std::size_t{12} + std::size_t{4} * static_cast<std::size_t>(ring_words < 0 ? 0 : ring_words);
 }
 
 // Bytes the caller must provide for a layer's state (aligned to 256 bytes).

@@ -1,0 +1,358 @@
+#pragma once
+// The C++20 side of the bridge (bridge.h): include it in ONE translation
+// unit of the engine, compiled as C++20 with exceptions, and after the
+// declarations expand the definitions:
+//
+//   SCISSORHANDS_BRIDGE_DECLARE(engine::sh_f32, float);  // usually from the engine's own header
+//   SCISSORHANDS_BRIDGE_DEFINE(engine::sh_f32, float, scissorhands::scissorhands_policy);
+//
+// once per (namespace, element type, policy) the engine uses. Each function
+// builds the library's views from the plain descriptors (no copy, no
+// allocation), calls the host backend inside scissorhands::catch_errors and
+// returns what it threw as a bridge::error. Element types other than float
+// need their element_traits specialisation visible here (element.hpp).
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "../scissorhands.hpp"
+#include "bridge.h"
+
+namespace scissorhands::bridge::detail {
+
+using scissorhands::detail::require;
+
+// The mirrors in bridge.h must follow the library; these trip when they drift.
+static_assert(static_cast<int>(error_code::ok) == static_cast<int>(scissorhands::error_code::ok) &&
+              static_cast<int>(error_code::invalid_argument) ==
+                  static_cast<int>(scissorhands::error_code::invalid_argument) &&
+              static_cast<int>(error_code::out_of_memory) ==
+                  static_cast<int>(scissorhands::error_code::out_of_memory) &&
+              static_cast<int>(error_code::internal) == static_cast<int>(scissorhands::error_code::internal));
+static_assert(error::name_size == error_info::name_size && error::message_size == error_info::message_size);
+static_assert(sizeof(settings) == sizeof(scissorhands::settings),
+              "scissorhands::settings changed: mirror the new field in bridge::settings and policy_of()");
+static_assert(static_cast<int>(compaction::fill_holes) == static_cast<int>(scissorhands::compaction::fill_holes) &&
+              static_cast<int>(compaction::preserve_order) ==
+                  static_cast<int>(scissorhands::compaction::preserve_order));
+static_assert(length_after_compress(12, 10, 3) == scissorhands::length_after_compress(12, 10, 3) &&
+              length_after_compress(9, 10, 3) == scissorhands::length_after_compress(9, 10, 3) &&
+              state_capacity_for(64, 8) == scissorhands::state_capacity_for(64, 8));
+static_assert(kv_layout::nhd(7, 3, 5).token_stride == scissorhands::kv_layout::nhd(7, 3, 5).token_stride &&
+              kv_layout::hnd(7, 3, 5).head_stride == scissorhands::kv_layout::hnd(7, 3, 5).head_stride &&
+              paged_layout::nhd(7, 3, 5).page_stride == scissorhands::paged_layout::nhd(7, 3, 5).page_stride &&
+              paged_layout::hnd(7, 3, 5).head_stride == scissorhands::paged_layout::hnd(7, 3, 5).head_stride);
+
+// Runs call() and reports what it threw. Success costs the zeroed error.
+template <class F>
+error guarded(F&& call) noexcept {
+  const error_info info = scissorhands::catch_errors(std::forward<F>(call));
+  error e;
+  if (info.ok()) return e;
+  e.code = static_cast<error_code>(info.code);
+  std::memcpy(e.function, info.function, sizeof e.function);
+  std::memcpy(e.argument, info.argument, sizeof e.argument);
+  std::memcpy(e.message, info.message, sizeof e.message);
+  return e;
+}
+
+// Entries of a per-sequence array of n (or n + 1) values; 0 for a batch the
+// library will refuse anyway (it checks batch before reading any array).
+constexpr std::size_t entries(std::int32_t n) { return n > 0 ? static_cast<std::size_t>(n) : 0; }
+constexpr std::size_t entries_plus_one(std::int32_t n) { return n >= 0 ? static_cast<std::size_t>(n) + 1 : 0; }
+
+inline host_span<const std::int32_t> per_sequence(const std::int32_t* data, std::size_t n) {
+  return {data, data != nullptr ? n : 0};  // null stays "absent" (not ragged, no state_rows)
+}
+
+template <class Policy>
+Policy policy_of(const settings& s) {
+  Policy p;
+  p.config.window = s.window;
+  p.config.recent = s.recent;
+  p.config.sinks = s.sinks;
+  p.config.evict_count = s.evict_count;
+  p.config.alpha = s.alpha;
+  p.config.decay = s.decay;
+  p.config.normalize = s.normalize;
+  p.config.compaction_mode = static_cast<scissorhands::compaction>(s.compaction_mode);
+  p.config.seed = s.seed;
+  return p;
+}
+
+template <class T>
+host_kv_view<T> view_of(const contiguous_cache<T>& c) {
+  const auto layout = [](const kv_layout& l) {
+    return scissorhands::kv_layout{l.sequence_stride, l.head_stride, l.token_stride};
+  };
+  return {host_span<T>(c.k, c.k_size),
+          host_span<T>(c.v, c.v_size),
+          layout(c.k_layout),
+          layout(c.v_layout),
+          host_span<const std::int32_t>(c.lengths, entries(c.batch)),
+          c.batch,
+          c.kv_heads,
+          c.head_dim,
+          c.capacity};
+}
+
+template <class T>
+host_paged_kv_view<T> view_of(const paged_cache<T>& c) {
+  const auto layout = [](const paged_layout& l) {
+    return scissorhands::paged_layout{l.page_stride, l.head_stride, l.token_stride};
+  };
+  return {host_span<T>(c.k_pages, c.k_size),
+          host_span<T>(c.v_pages, c.v_size),
+          layout(c.k_layout),
+          layout(c.v_layout),
+          host_span<const std::int32_t>(c.indptr, entries_plus_one(c.batch)),
+          host_span<const std::int32_t>(c.indices, c.indices_size),
+          host_span<const std::int32_t>(c.last_page_len, entries(c.batch)),
+          c.batch,
+          c.kv_heads,
+          c.head_dim,
+          c.page_size,
+          c.num_pages,
+          c.max_pages_per_sequence};
+}
+
+template <class T>
+query_view<T, memory_space::host> view_of(const queries<T>& q, std::int32_t batch) {
+  return {host_span<const T>(q.data, q.size),
+          q.q_heads,
+          q.q_len,
+          q.head_dim,
+          q.sequence_stride,
+          q.head_stride,
+          q.query_stride,
+          per_sequence(q.qo_indptr, entries_plus_one(batch))};
+}
+
+inline lse_view<memory_space::host> view_of(const lse& l, std::int32_t batch) {
+  return {host_span<const float>(l.data, l.size),
+          l.base == lse_base::base2 ? scissorhands::lse_base::base2 : scissorhands::lse_base::natural,
+          l.sequence_stride,
+          l.head_stride,
+          l.query_stride,
+          per_sequence(l.qo_indptr, entries_plus_one(batch))};
+}
+
+inline probability_view<memory_space::host> view_of(const probabilities& p, std::int32_t batch) {
+  return {host_span<const float>(p.data, p.size),
+          p.q_heads,
+          p.q_len,
+          p.sequence_stride,
+          p.head_stride,
+          p.query_stride,
+          per_sequence(p.qo_indptr, entries_plus_one(batch))};
+}
+
+inline scissorhands::state_shape shape_of(const state_shape& s) {
+  return {s.rows, s.kv_heads, s.capacity, s.ring_words};
+}
+
+// The state laid over the caller's buffer, seen through the batch. Checked
+// here, under the name of the entry point, so an error names the call that
+// was made (make_state would name itself).
+inline eviction_state<memory_space::host> state_of(const char* fn, const state& s, std::int32_t batch) {
+  const scissorhands::state_shape shape = shape_of(s.shape);
+  scissorhands::detail::validate_state_shape(fn, shape);
+  const std::size_t need = scissorhands::detail::offsets_of(shape).total;
+  require(s.buffer != nullptr, fn, "state.buffer", "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(s.buffer) % scissorhands::detail::state_alignment == 0, fn, "state.buffer",
+          "must be aligned to ", scissorhands::detail::state_alignment, " bytes");
+  require(s.bytes >= need, fn, "state.bytes", "is ", s.bytes, ", below state_bytes(shape) = ", need);
+  return scissorhands::make_state(host_span<std::byte>(static_cast<std::byte*>(s.buffer), s.bytes), shape)
+      .for_batch(per_sequence(s.state_rows, entries(batch)));
+}
+
+// ---- the entry points (SCISSORHANDS_BRIDGE_DEFINE forwards to these) ----------
+
+template <class Policy>
+error make_state_shape(const settings& s, std::int32_t rows, std::int32_t kv_heads, std::int32_t capacity,
+                       state_shape* out) noexcept {
+  return guarded([&] {
+    const char* fn = "bridge::make_state_shape";
+    const Policy policy = policy_of<Policy>(s);
+    scissorhands::detail::validate_settings(fn, policy);
+    const scissorhands::state_shape shape{rows, kv_heads, capacity, policy.ring_words()};
+    scissorhands::detail::validate_state_shape(fn, shape);
+    require(out != nullptr, fn, "shape", "must not be null");
+    *out = {shape.rows, shape.kv_heads, shape.capacity, shape.ring_words};
+  });
+}
+
+inline error state_bytes(const state_shape& shape, std::size_t* bytes) noexcept {
+  return guarded([&] {
+    const std::size_t n = scissorhands::state_bytes(shape_of(shape));
+    require(bytes != nullptr, "state_bytes", "bytes", "must not be null");
+    *bytes = n;
+  });
+}
+
+inline error make_state(void* buffer, std::size_t bytes, const state_shape& shape, state* out) noexcept {
+  return guarded([&] {
+    (void)scissorhands::make_state(host_span<std::byte>(static_cast<std::byte*>(buffer), bytes), shape_of(shape));
+    require(out != nullptr, "make_state", "state", "must not be null");
+    *out = {buffer, bytes, shape, nullptr};
+  });
+}
+
+inline error reset_state(const state& s) noexcept {
+  return guarded([&] { host::reset_state(state_of("host::reset_state", s, 0)); });
+}
+
+inline error reset_sequence(const state& s, std::int32_t row, std::int32_t start_position) noexcept {
+  return guarded([&] { host::reset_sequence(state_of("host::reset_sequence", s, 0), row, start_position); });
+}
+
+template <class Policy, class Cache>
+error admit(const settings& s, const Cache& cache, const state& st) noexcept {
+  return guarded([&] { host::admit(policy_of<Policy>(s), view_of(cache), state_of("host::admit", st, cache.batch)); });
+}
+
+template <class Policy, class Cache>
+error observe_probabilities(const settings& s, const Cache& cache, const state& st, const probabilities& p) noexcept {
+  return guarded([&] {
+    host::observe_probabilities(policy_of<Policy>(s), view_of(cache),
+                                state_of("host::observe_probabilities", st, cache.batch), view_of(p, cache.batch));
+  });
+}
+
+template <class Policy, class Cache, class Q>
+error observe_queries(const settings& s, const Cache& cache, const state& st, const queries<Q>& q, const lse& l,
+                      float softmax_scale) noexcept {
+  return guarded([&] {
+    host::observe_queries(policy_of<Policy>(s), view_of(cache), state_of("host::observe_queries", st, cache.batch),
+                          view_of(q, cache.batch), view_of(l, cache.batch), softmax_scale);
+  });
+}
+
+template <class Cache>
+std::size_t compress_workspace_bytes(const Cache& cache) noexcept {
+  return host::compress_workspace_bytes(view_of(cache));  // shape arithmetic only: cannot throw
+}
+
+template <class Policy, class Cache>
+error compress(const settings& s, const Cache& cache, const state& st, std::int32_t budget, void* workspace,
+               std::size_t workspace_bytes, const compress_output& out) noexcept {
+  return guarded([&] {
+    const std::size_t n = entries(cache.batch);
+    const scissorhands::compress_output<memory_space::host> outputs{
+        host_span<std::int32_t>(out.new_lengths, out.new_lengths != nullptr ? n : 0),
+        host_span<std::int32_t>(out.freed_pages, out.freed_pages != nullptr ? n : 0)};
+    host::compress(policy_of<Policy>(s), view_of(cache), state_of("host::compress", st, cache.batch), budget,
+                   host_span<std::byte>(static_cast<std::byte*>(workspace), workspace_bytes), outputs);
+  });
+}
+
+inline error shrink_page_table(const page_table& table, const std::int32_t* new_lengths, std::int32_t* released,
+                               std::size_t released_capacity, std::size_t* released_count) noexcept {
+  return guarded([&] {
+    const char* fn = "host::shrink_page_table";
+    require(table.batch >= 0, fn, "table.batch", "must be non-negative, got ", table.batch);
+    require(released_count != nullptr, fn, "released_count", "must not be null");
+    const std::size_t n = entries(table.batch);
+    const std::size_t count = host::shrink_page_table(
+        host_span<std::int32_t>(table.indptr, table.indptr != nullptr ? n + 1 : 0),
+        host_span<std::int32_t>(table.indices, table.indices_size),
+        host_span<std::int32_t>(table.last_page_len, table.last_page_len != nullptr ? n : 0), table.page_size,
+        host_span<const std::int32_t>(new_lengths, new_lengths != nullptr ? n : 0),
+        host_span<std::int32_t>(released, released_capacity));
+    *released_count = count;
+  });
+}
+
+}  // namespace scissorhands::bridge::detail
+
+// Defines the functions SCISSORHANDS_BRIDGE_DECLARE(ns, Element) declared,
+// for the policy type given last (commas allowed: eviction_policy<a, b>).
+// The declaration must come first (include the engine's header that
+// expands DECLARE): definitions are by qualified name, so one that does not
+// match its declaration, or a missing declaration, fails to compile here.
+#define SCISSORHANDS_BRIDGE_DEFINE(ns, Element, ...)                                                                   \
+  namespace ns {                                                                                                       \
+  using policy_type = __VA_ARGS__;                                                                                     \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::make_state_shape(const ::scissorhands::bridge::settings& s, std::int32_t rows,     \
+                                                     std::int32_t kv_heads, std::int32_t capacity,                     \
+                                                     ::scissorhands::bridge::state_shape* shape) noexcept {            \
+    return ::scissorhands::bridge::detail::make_state_shape<ns::policy_type>(s, rows, kv_heads, capacity, shape);      \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::state_bytes(const ::scissorhands::bridge::state_shape& shape,                      \
+                                                std::size_t* bytes) noexcept {                                         \
+    return ::scissorhands::bridge::detail::state_bytes(shape, bytes);                                                  \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::make_state(void* buffer, std::size_t bytes,                                        \
+                                               const ::scissorhands::bridge::state_shape& shape,                       \
+                                               ::scissorhands::bridge::state* out) noexcept {                          \
+    return ::scissorhands::bridge::detail::make_state(buffer, bytes, shape, out);                                      \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::reset_state(const ::scissorhands::bridge::state& st) noexcept {                    \
+    return ::scissorhands::bridge::detail::reset_state(st);                                                            \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::reset_sequence(const ::scissorhands::bridge::state& st, std::int32_t row,          \
+                                                   std::int32_t start_position) noexcept {                             \
+    return ::scissorhands::bridge::detail::reset_sequence(st, row, start_position);                                    \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::admit(const ::scissorhands::bridge::settings& s,                                   \
+                                          const ::scissorhands::bridge::contiguous_cache<Element>& cache,              \
+                                          const ::scissorhands::bridge::state& st) noexcept {                          \
+    return ::scissorhands::bridge::detail::admit<ns::policy_type>(s, cache, st);                                       \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::admit(const ::scissorhands::bridge::settings& s,                                   \
+                                          const ::scissorhands::bridge::paged_cache<Element>& cache,                   \
+                                          const ::scissorhands::bridge::state& st) noexcept {                          \
+    return ::scissorhands::bridge::detail::admit<ns::policy_type>(s, cache, st);                                       \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_probabilities(                                                             \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::probabilities& probs) noexcept {          \
+    return ::scissorhands::bridge::detail::observe_probabilities<ns::policy_type>(s, cache, st, probs);                \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_probabilities(                                                             \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<Element>& cache,            \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::probabilities& probs) noexcept {          \
+    return ::scissorhands::bridge::detail::observe_probabilities<ns::policy_type>(s, cache, st, probs);                \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<Element>& q,                      \
+      const ::scissorhands::bridge::lse& l, float softmax_scale) noexcept {                                            \
+    return ::scissorhands::bridge::detail::observe_queries<ns::policy_type>(s, cache, st, q, l, softmax_scale);        \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<Element>& cache,            \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<Element>& q,                      \
+      const ::scissorhands::bridge::lse& l, float softmax_scale) noexcept {                                            \
+    return ::scissorhands::bridge::detail::observe_queries<ns::policy_type>(s, cache, st, q, l, softmax_scale);        \
+  }                                                                                                                    \
+  std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache) noexcept {  \
+    return ::scissorhands::bridge::detail::compress_workspace_bytes(cache);                                            \
+  }                                                                                                                    \
+  std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache) noexcept {       \
+    return ::scissorhands::bridge::detail::compress_workspace_bytes(cache);                                            \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::compress(                                                                          \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
+      const ::scissorhands::bridge::state& st, std::int32_t budget, void* workspace, std::size_t workspace_bytes,      \
+      const ::scissorhands::bridge::compress_output& out) noexcept {                                                   \
+    return ::scissorhands::bridge::detail::compress<ns::policy_type>(s, cache, st, budget, workspace, workspace_bytes, \
+                                                                     out);                                             \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::compress(                                                                          \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<Element>& cache,            \
+      const ::scissorhands::bridge::state& st, std::int32_t budget, void* workspace, std::size_t workspace_bytes,      \
+      const ::scissorhands::bridge::compress_output& out) noexcept {                                                   \
+    return ::scissorhands::bridge::detail::compress<ns::policy_type>(s, cache, st, budget, workspace, workspace_bytes, \
+                                                                     out);                                             \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::shrink_page_table(                                                                 \
+      const ::scissorhands::bridge::page_table& table, const std::int32_t* new_lengths, std::int32_t* released,        \
+      std::size_t released_capacity, std::size_t* released_count) noexcept {                                           \
+    return ::scissorhands::bridge::detail::shrink_page_table(table, new_lengths, released, released_capacity,          \
+                                                             released_count);                                          \
+  }                                                                                                                    \
+  static_assert(true, "SCISSORHANDS_BRIDGE_DEFINE(...) takes a trailing semicolon")
