@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA backend, in one go (about 5-8 minutes on an
 # H200 with 16 cores): build the CUDA test and benchmark binaries for the
-# local GPU, run the differential / error / graph suite, compute-sanitizer
-# memcheck and racecheck on a small run, and the benchmarks. Everything
-# lands in OUT_DIR; the exit status is non-zero if any stage failed.
+# local GPU, run the differential / error / shrink_page_table / graph
+# suite, compute-sanitizer memcheck and racecheck on a small run, and the
+# benchmarks. Everything lands in OUT_DIR; the exit status is non-zero if
+# any stage failed.
 #
 #   scripts/gpu_check.sh OUT_DIR [BUILD_DIR]
 #
@@ -87,9 +88,10 @@ if [ -x "$test_bin" ]; then
     stage memcheck $?
     tail -3 "$out/memcheck.log"
     # racecheck instruments shared memory; the differential part covers
-    # every kernel, the graph part the captured path.
+    # every observe and compress kernel, the shrink part the in-place
+    # page-table rewrite, the graph part only the captured path.
     timeout 300 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 99 \
-      "$test_bin" --quick --configs "$n" --only differential >"$out/racecheck.log" 2>&1
+      "$test_bin" --quick --configs "$n" --only differential,shrink >"$out/racecheck.log" 2>&1
     stage racecheck $?
     tail -3 "$out/racecheck.log"
   fi

@@ -14,6 +14,13 @@
 //                          (untimed) from a pristine copy: positions 0..B-1,
 //                          Scissorhands-like window counts floor(401 u^3)
 //                          as scores (many ties), so selection does real work.
+//   shrink_page_table      applying compress m=B/16's new lengths to a
+//                          FlashInfer table (page size 16, every sequence
+//                          at the budget), restored untimed before each call.
+//
+// The state is sized as an engine sizes it, by the budget
+// (state_capacity_for(budget, 1) slots: decode appends one token between
+// compress calls), and mapped through state_rows in reverse order.
 //
 // Timing: manual, with CUDA events around one call on a stream kept busy by
 // a short spin kernel while the host enqueues it, so the host's launch
@@ -96,7 +103,7 @@ __global__ void fill_int(std::int32_t* p, std::size_t n, std::int32_t value) {
 // A mid-decode state: every slot tracked, positions 0..budget-1 per head,
 // scores as Scissorhands window counts, observed min(age, w).
 __global__ void fill_state(sh::eviction_state<sh::memory_space::device> st, std::int32_t budget, std::int32_t window) {
-  const std::size_t tokens = std::size_t{static_cast<unsigned>(st.shape.batch)} * st.shape.kv_heads * st.shape.capacity;
+  const std::size_t tokens = std::size_t{static_cast<unsigned>(st.shape.rows)} * st.shape.kv_heads * st.shape.capacity;
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < tokens; i += std::size_t{gridDim.x} * blockDim.x) {
     const auto t = static_cast<std::int32_t>(i % st.shape.capacity);
     const float u = unit(i * 7 + 3);
@@ -105,7 +112,7 @@ __global__ void fill_state(sh::eviction_state<sh::memory_space::device> st, std:
     st.observed[i] = static_cast<float>(min(budget - t, window));
     for (int w = 0; w < st.shape.ring_words; ++w) st.ring[i * st.shape.ring_words + w] = hash32(i * 131 + w);
   }
-  for (std::size_t b = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; b < static_cast<std::size_t>(st.shape.batch);
+  for (std::size_t b = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; b < static_cast<std::size_t>(st.shape.rows);
        b += std::size_t{gridDim.x} * blockDim.x) {
     st.step[b] = 1000;
     st.next_position[b] = budget;
@@ -127,11 +134,10 @@ struct layer {
   sh::scissorhands_policy policy;
   std::size_t kv_elements;
   device_array<T> k, v, queries;
-  device_array<std::int32_t> lengths, freed;
+  device_array<std::int32_t> lengths, new_lengths, rows;
   device_array<float> probs, lse;
   std::unique_ptr<device_array<std::byte>> state_buf, pristine, workspace;
-  device_array<std::uint32_t> status;
-  sh::eviction_state<sh::memory_space::device> state;
+  sh::eviction_state<sh::memory_space::device> state;  // seen through `rows`
   std::size_t state_size = 0, workspace_bytes = 0;
   cudaStream_t stream;
 
@@ -144,10 +150,10 @@ struct layer {
         v(kv_elements),
         queries(static_cast<std::size_t>(batch_) * q_heads * head_dim),
         lengths(batch_),
-        freed(batch_),
+        new_lengths(batch_),
+        rows(batch_),
         probs(static_cast<std::size_t>(batch_) * q_heads * budget_),
-        lse(static_cast<std::size_t>(batch_) * q_heads),
-        status(1) {
+        lse(static_cast<std::size_t>(batch_) * q_heads) {
     policy.config.window = 400;
     policy.config.recent = 10;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -157,16 +163,19 @@ struct layer {
     fill_float<<<fill_blocks, fill_threads, 0, stream>>>(probs.p, probs.n, 0.0f, 2.0f / budget, 4);
     fill_float<<<fill_blocks, fill_threads, 0, stream>>>(lse.p, lse.n, 4.0f, 8.0f, 5);
     fill_int<<<fill_blocks, fill_threads, 0, stream>>>(lengths.p, lengths.n, budget);
-    const sh::state_shape shape = sh::state_shape_for(policy, view());
+    std::vector<std::int32_t> reversed(batch);
+    for (int b = 0; b < batch; ++b) reversed[b] = batch - 1 - b;
+    CHECK(cudaMemcpyAsync(rows.p, reversed.data(), sizeof(std::int32_t) * batch, cudaMemcpyHostToDevice, stream));
+    const sh::state_shape shape{batch, kv_heads, sh::state_capacity_for(budget, 1), policy.ring_words()};
     state_size = sh::state_bytes(shape);
     state_buf = std::make_unique<device_array<std::byte>>(state_size);
     pristine = std::make_unique<device_array<std::byte>>(state_size);
-    state = sh::make_state(sh::device_span<std::byte>(state_buf->p, state_size), shape);
+    state = sh::make_state(sh::device_span<std::byte>(state_buf->p, state_size), shape)
+                .for_batch(sh::device_span<const std::int32_t>(rows.p, rows.n));
     const auto clean = sh::make_state(sh::device_span<std::byte>(pristine->p, state_size), shape);
     fill_state<<<fill_blocks, fill_threads, 0, stream>>>(clean, budget, policy.config.window);
     CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream));
-    CHECK(cudaMemsetAsync(status.p, 0, sizeof(std::uint32_t), stream));
-    CHECK(sh::cuda::compress(nullptr, workspace_bytes, policy, view(), state, budget, {}, status.p, stream));
+    CHECK(sh::cuda::compress(nullptr, workspace_bytes, policy, view(), state, budget, {}, stream));
     workspace = std::make_unique<device_array<std::byte>>(workspace_bytes);
     CHECK(cudaStreamSynchronize(stream));
   }
@@ -174,20 +183,21 @@ struct layer {
 
   sh::device_kv_view<T> view() const {
     return sh::make_kv_view(sh::device_span<T>(k.p, k.n), sh::device_span<T>(v.p, v.n),
-                            sh::device_span<std::int32_t>(lengths.p, lengths.n), batch, kv_heads, head_dim, capacity,
-                            sh::named_layout::nhd);
+                            sh::device_span<const std::int32_t>(lengths.p, lengths.n), batch, kv_heads, head_dim,
+                            capacity, sh::named_layout::nhd);
   }
   std::size_t tokens() const { return static_cast<std::size_t>(batch) * kv_heads * budget; }
   double kv_bytes() const { return 2.0 * tokens() * head_dim * sizeof(T); }  // the layer's K and V at `budget`
   double k_bytes() const { return tokens() * head_dim * sizeof(T); }
-  void restore() {
-    CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream));
-    fill_int<<<(batch + 255) / 256, 256, 0, stream>>>(lengths.p, lengths.n, budget);
-  }
+  // The library never writes the lengths: only the state needs restoring.
+  void restore() { CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream)); }
   void require_ok(benchmark::State& s) {
-    std::uint32_t w = 0;
-    CHECK(cudaMemcpy(&w, status.p, sizeof w, cudaMemcpyDeviceToHost));
-    if (w != 0) s.SkipWithError(("status word: " + sh::cuda::describe_status(w)).c_str());
+    std::vector<std::uint32_t> w(static_cast<std::size_t>(state.shape.rows));
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(cudaMemcpy(w.data(), state.status, sizeof(std::uint32_t) * w.size(), cudaMemcpyDeviceToHost));
+    std::uint32_t any = 0;
+    for (auto x : w) any |= x;
+    if (any != 0) s.SkipWithError(("status words: " + sh::cuda::describe_status(any)).c_str());
   }
 };
 
@@ -270,7 +280,7 @@ void bm_observe_queries(benchmark::State& s, int batch, int budget) {
   layer l(batch, budget);
   const auto q = sh::query_view<T, sh::memory_space::device>::dense({l.queries.p, l.queries.n}, q_heads, 1, head_dim);
   const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1);
-  auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.status.p, l.stream)); };
+  auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.stream)); };
   const double t = time_calls(s, l.stream, [] {}, call);
   l.require_ok(s);
   report(s, l, l.k_bytes() + observe_state_bytes(l), t);
@@ -281,7 +291,7 @@ void bm_observe_queries(benchmark::State& s, int batch, int budget) {
 void bm_observe_probabilities(benchmark::State& s, int batch, int budget) {
   layer l(batch, budget);
   const auto pv = sh::probability_view<sh::memory_space::device>::dense({l.probs.p, l.probs.n}, q_heads, 1, budget);
-  auto call = [&] { CHECK(sh::cuda::observe_probabilities(l.policy, l.view(), l.state, pv, l.status.p, l.stream)); };
+  auto call = [&] { CHECK(sh::cuda::observe_probabilities(l.policy, l.view(), l.state, pv, l.stream)); };
   const double t = time_calls(s, l.stream, [] {}, call);
   l.require_ok(s);
   // The check kernel reads the probabilities too: counted twice.
@@ -296,11 +306,11 @@ void bm_compress(benchmark::State& s, int batch, int budget, int m) {
   layer l(batch, budget);
   l.policy.config.evict_count = m;
   // m changes the workspace size.
-  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.status.p, l.stream));
+  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.stream));
   l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
   const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
-    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.status.p,
-                             l.stream));
+    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget,
+                             {sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n), {}}, l.stream));
   });
   l.require_ok(s);
   const double ring = 4.0 * l.state.shape.ring_words;
@@ -308,6 +318,50 @@ void bm_compress(benchmark::State& s, int batch, int budget, int m) {
                        static_cast<double>(batch) * kv_heads * m * 2.0 * (2.0 * head_dim * sizeof(T) + 12.0 + ring);
   report(s, l, moved, t);
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
+}
+
+// Applying compress m = budget/16's new lengths to a FlashInfer table of
+// `batch` sequences at the budget (page size 16). Bytes: every page id read
+// and written, indptr, last_page_len and the new lengths.
+void bm_shrink_page_table(benchmark::State& s, int batch, int budget) {
+  constexpr int page = 16;
+  const int pages = (budget + page - 1) / page, m = budget / 16;
+  std::vector<std::int32_t> indptr(batch + 1), indices(static_cast<std::size_t>(batch) * pages), last(batch),
+      new_lengths(batch, budget - m);
+  for (int b = 0; b <= batch; ++b) indptr[b] = b * pages;
+  for (int b = 0; b < batch; ++b) last[b] = budget - (pages - 1) * page;
+  for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int32_t>(i);
+  device_array<std::int32_t> d_indptr(indptr.size()), d_indices(indices.size()), d_last(last.size()),
+      p_indptr(indptr.size()), p_indices(indices.size()), p_last(last.size()), d_new(new_lengths.size()),
+      d_released(indices.size());
+  device_array<sh::cuda::shrink_result> d_result(1);
+  auto up = [](device_array<std::int32_t>& d, const std::vector<std::int32_t>& h) {
+    CHECK(cudaMemcpy(d.p, h.data(), sizeof(std::int32_t) * h.size(), cudaMemcpyHostToDevice));
+  };
+  up(p_indptr, indptr);
+  up(p_indices, indices);
+  up(p_last, last);
+  up(d_new, new_lengths);
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto restore = [&] {
+    CHECK(cudaMemcpyAsync(d_indptr.p, p_indptr.p, sizeof(std::int32_t) * indptr.size(), cudaMemcpyDeviceToDevice, stream));
+    CHECK(cudaMemcpyAsync(d_indices.p, p_indices.p, sizeof(std::int32_t) * indices.size(), cudaMemcpyDeviceToDevice,
+                          stream));
+    CHECK(cudaMemcpyAsync(d_last.p, p_last.p, sizeof(std::int32_t) * last.size(), cudaMemcpyDeviceToDevice, stream));
+  };
+  const double t = time_calls(s, stream, restore, [&] {
+    CHECK(sh::cuda::shrink_page_table({d_indptr.p, d_indptr.n}, {d_indices.p, d_indices.n}, {d_last.p, d_last.n}, page,
+                                      sh::device_span<const std::int32_t>(d_new.p, d_new.n),
+                                      {d_released.p, d_released.n}, d_result.p, stream));
+  });
+  sh::cuda::shrink_result r;
+  CHECK(cudaMemcpy(&r, d_result.p, sizeof r, cudaMemcpyDeviceToHost));
+  if (r.status != 0) s.SkipWithError(("shrink_page_table: " + sh::cuda::describe_status(r.status)).c_str());
+  const double bytes = 8.0 * indices.size() + 4.0 * (indptr.size() + 2.0 * batch);
+  s.counters["us_per_call"] = t * 1e6;
+  s.counters["GBps"] = bytes / t * 1e-9;
+  CHECK(cudaStreamDestroy(stream));
 }
 
 // The copy bandwidth every figure is compared to: 512 MiB device to device.
@@ -369,6 +423,7 @@ int main(int argc, char** argv) {
       for (int m : {1, budget / 16})
         setup(benchmark::RegisterBenchmark(("compress" + shape + "/m:" + std::to_string(m)).c_str(), bm_compress,
                                            batch, budget, m));
+      setup(benchmark::RegisterBenchmark(("shrink_page_table" + shape).c_str(), bm_shrink_page_table, batch, budget));
     }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -5,22 +5,27 @@
 //
 //   namespace sh = scissorhands;     // not `using namespace`: ::cuda exists too
 //   sh::cuda::reset_state(state, stream);
-//   sh::cuda::reset_sequence(state, b, start_position, stream);
-//   sh::cuda::admit(policy, cache, state, d_status, stream);
-//   sh::cuda::observe_probabilities(policy, cache, state, probs, d_status, stream);
-//   sh::cuda::observe_queries(policy, cache, state, queries, lse, softmax_scale, d_status, stream);
-//   sh::cuda::compress(d_workspace, workspace_bytes, policy, cache, state, budget,
-//                      freed_pages, d_status, stream);   // d_workspace == nullptr: size query
+//   sh::cuda::reset_sequence(state, row, start_position, stream);    // also clears the row's status
+//   auto st = state.for_batch(d_state_rows);                          // optional: batch position -> row
+//   sh::cuda::admit(policy, cache, st, stream);
+//   sh::cuda::observe_probabilities(policy, cache, st, probs, stream);
+//   sh::cuda::observe_queries(policy, cache, st, queries, lse, softmax_scale, stream);
+//   sh::cuda::compress(d_workspace, workspace_bytes, policy, cache, st, budget,
+//                      {d_new_lengths, d_freed_pages}, stream);      // d_workspace == nullptr: size query
+//   sh::cuda::shrink_page_table(indptr, indices, last_page_len, page_size,
+//                               d_new_lengths, released, d_result, stream);   // after the last layer
 //
-// Same views (kv_view / paged_kv_view over device spans), policies and
-// state layout (make_state over a device buffer) as the host backend, and
-// the same results: observe_probabilities and compress bit for bit,
-// observe_queries within float rounding of the dot products. Every call
-// validates on the host what needs no device memory (throwing
-// scissorhands::invalid_argument), checks the rest on the device before
-// writing anything (cuda/status.cuh: the status word), launches on the
-// caller's stream, allocates nothing and never synchronises, so a decode
-// step's observe + compress can be captured in a CUDA graph.
+// Same views (kv_view / paged_kv_view over device spans, uniform or ragged
+// attention views), policies and state layout (make_state over a device
+// buffer) as the host backend, and the same results: observe_probabilities,
+// compress and shrink_page_table bit for bit, observe_queries within float
+// rounding of the dot products. Every call validates on the host what needs
+// no device memory (throwing scissorhands::invalid_argument), checks the
+// rest on the device before writing anything (cuda/status.cuh: one status
+// word per state row, so a bad sequence is skipped and the others
+// proceed), launches on the caller's stream, allocates nothing and never
+// synchronises, so a decode step's observe + compress + shrink_page_table
+// can be captured in a CUDA graph.
 //
 // Bit-exactness assumes IEEE division and square root on the device
 // (nvcc's defaults); --use_fast_math or -prec-div=false breaks it.
@@ -29,6 +34,7 @@
 #include "cuda/compress.cuh"
 #include "cuda/element.cuh"
 #include "cuda/observe.cuh"
+#include "cuda/page_table.cuh"
 #include "cuda/state.cuh"
 #include "cuda/status.cuh"
 #include "cuda/traits.cuh"

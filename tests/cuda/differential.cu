@@ -2,26 +2,50 @@
 //
 //   differential  random configurations (dtypes, layouts incl. paged and
 //                 mixed K/V layouts, policies, GQA groups, head_dims incl.
-//                 odd ones, ragged lengths, m, both compaction modes, q_len,
-//                 both observe paths, admit, reset_sequence), several steps
-//                 each. After every
-//                 observe the state is compared; after every compress the
-//                 lengths, freed pages, state and kept K/V rows. Exact
-//                 (bitwise) everywhere except the scores of
-//                 observe_queries, whose dot products are summed in another
-//                 order: |device - host| <= 1e-4 * max(1, |host|), and for
-//                 0/1 observations (threshold_indicator) at most 1% of the
-//                 tokens of a step may flip (a probability within float
-//                 rounding of alpha / n). Before compress the device state
-//                 is reset to the host's, so compress is always compared
-//                 exactly from identical inputs.
-//   errors        device-side checks: status bits, nothing written, sticky
-//                 word; host-side checks throw invalid_argument.
-//   graph         observe + compress (and an engine's append) captured in a
-//                 CUDA graph, replayed step after step, against the host.
+//                 odd ones, ragged lengths incl. 0, m, both compaction
+//                 modes, both observe paths, admit, reset_sequence, states
+//                 sized below the cache's capacity), several steps each, as
+//                 an engine runs them:
+//                   - continuous batching: requests keep their state row
+//                     while the scheduler moves them between batch
+//                     positions (state.for_batch), with padding positions
+//                     (row -1, no token); finished requests give their row
+//                     to new ones (reset_sequence);
+//                   - queries uniform (q_len, 0 included) or ragged
+//                     (qo_indptr mixing prefill chunks, decode tokens and
+//                     sequences without a query), with head-major or
+//                     token-major log-sum-exp, natural or base 2;
+//                   - compress's compress_output applied by the engine:
+//                     new lengths copied, or the page table shrunk with
+//                     host::shrink_page_table and cuda::shrink_page_table.
+//                 After every observe the state is compared row by row;
+//                 after every compress new_lengths, freed_pages, the state
+//                 and the kept K/V rows; after every shrink the page table
+//                 and the released pages. Exact (bitwise) everywhere except
+//                 the scores of observe_queries, whose dot products are
+//                 summed in another order: |device - host| <= 1e-4 *
+//                 max(1, |host|), and for 0/1 observations
+//                 (threshold_indicator) at most 1% of the tokens of a step
+//                 may flip (a probability within float rounding of
+//                 alpha / n). Before compress the device state is reset to
+//                 the host's, so compress is always compared exactly from
+//                 identical inputs. Unused rows of every attention view are
+//                 NaN, so reading one shows up.
+//   errors        device-side checks: status bits in the row at fault,
+//                 nothing written for it, the other sequences equal to the
+//                 host's run without it; batch-wide conditions; sticky rows
+//                 and reset_sequence; host-side checks throw
+//                 invalid_argument.
+//   shrink        cuda::shrink_page_table against host::shrink_page_table on
+//                 random tables (empty sequences, several chunks of
+//                 sequences and rounds of pages), and its data errors.
+//   graph         append, observe, compress and shrink_page_table (a paged
+//                 cache, a state_rows mapping with a padding slot) captured
+//                 in a CUDA graph, replayed step after step, against the
+//                 host.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
-//                               [--only differential|errors|graph] [--quick]
+//                               [--only differential,errors,shrink,graph] [--quick]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps. Exit status: 0 all passed, 1 a failure, 77 no CUDA device.
 #include <algorithm>
@@ -78,20 +102,26 @@ struct config {
   float alpha = 1.0f, decay = 0.9f, softmax_scale = 0.0f;
   bool normalize = false, preserve_order = false, padded = false, v_other_layout = false, ties = false;
   bool freed_for_contiguous = false;
+  bool mapped = false;       // state_rows: requests move between batch positions, padding slots
+  bool ragged = false;       // qo_indptr views
+  bool token_major = false;  // uniform lse: token-major instead of head-major
+  bool tight_state = false;  // state capacity below the cache's
   std::uint32_t seed = 0;
 
   std::string describe() const {
     static const char* dtypes[] = {"fp32", "fp16", "bf16"};
     static const char* layouts[] = {"NHD", "HND", "paged-NHD", "paged-HND"};
     static const char* paths[] = {"probabilities", "queries+lse", "queries+lse2", "queries"};
-    char buf[512];
+    char buf[640];
     std::snprintf(buf, sizeof buf,
-                  "config %d: %s %s%s %s via %s, batch %d, kv_heads %d, group %d, head_dim %d, capacity %d, "
+                  "config %d: %s %s%s %s via %s%s%s, batch %d%s, kv_heads %d, group %d, head_dim %d, capacity %d%s, "
                   "page %d, budget %d, m %d, recent %d, sinks %d, window %d, alpha %g, decay %g, normalize %d, "
                   "%s, steps %d, seed %u",
                   index, dtypes[dtype], layouts[layout], v_other_layout ? " (V other)" : "", policy_names[policy],
-                  paths[path], batch, kv_heads, group, head_dim, capacity, page_size, budget, m, recent, sinks,
-                  window, alpha, decay, normalize, preserve_order ? "preserve_order" : "fill_holes", steps, seed);
+                  paths[path], ragged ? " ragged" : "", token_major ? " token-major lse" : "", batch,
+                  mapped ? " (state rows)" : "", kv_heads, group, head_dim, capacity,
+                  tight_state ? " (tight state)" : "", page_size, budget, m, recent, sinks, window, alpha, decay,
+                  normalize, preserve_order ? "preserve_order" : "fill_holes", steps, seed);
     return buf;
   }
 };
@@ -114,7 +144,7 @@ config make_config(std::mt19937_64& rng, int index, bool quick) {
   const bool queries = c.path != 0;
   // One in 16 has a head longer than the selection's shared-memory tile.
   const bool long_head = !quick && index % 16 == 7;
-  c.batch = long_head ? 1 : uniform(rng, 1, 4);
+  c.batch = long_head ? 1 : uniform(rng, 1, 5);
   c.kv_heads = long_head ? 1 : uniform(rng, 1, 3);
   c.group = pick(rng, {1, 2, 3, 4, 5, 8});
   c.head_dim = queries ? pick(rng, {64, 128, 256, 64, 128, 8, 16, 24, 40, 72, 3, 5, 7, 12})
@@ -137,6 +167,10 @@ config make_config(std::mt19937_64& rng, int index, bool quick) {
   c.v_other_layout = coin(rng, 0.25);
   c.ties = coin(rng, 0.3);
   c.freed_for_contiguous = coin(rng);
+  c.mapped = coin(rng, 0.5);
+  c.ragged = coin(rng, 0.4);
+  c.token_major = coin(rng);
+  c.tight_state = coin(rng, 0.3);
   c.steps = long_head ? 2 : uniform(rng, 2, 5);
   c.seed = static_cast<std::uint32_t>(rng());
   return c;
@@ -156,44 +190,53 @@ struct score_rule {
   bool binary = false;
 };
 
-// State after observe or compress: counters exact, per-slot arrays for the
-// slots each sequence holds. Returns whether they match (within the rule).
+// A state row to compare and how many slots it holds.
+struct row_slots {
+  int row = 0, slots = 0;
+};
+
+// State after observe or compress: each listed row's counters exact, its
+// per-slot arrays for the slots it holds. Returns whether they match
+// (within the rule).
 bool compare_state(const char* when, const sh::eviction_state<host_space>& h,
-                   const sh::eviction_state<host_space>& d, const std::vector<int>& lengths, score_rule rule,
+                   const sh::eviction_state<host_space>& d, const std::vector<row_slots>& rows, score_rule rule,
                    bool compare_ring, mismatch_log& log) {
   const auto& shape = h.shape;
   std::size_t compared = 0, flips = 0;
-  for (int b = 0; b < shape.batch; ++b) {
-    if (h.step[b] != d.step[b]) log.add(when, ": step[", b, "] host ", h.step[b], " device ", d.step[b]);
-    if (h.next_position[b] != d.next_position[b])
-      log.add(when, ": next_position[", b, "] host ", h.next_position[b], " device ", d.next_position[b]);
-    if (h.tracked[b] != d.tracked[b]) log.add(when, ": tracked[", b, "] host ", h.tracked[b], " device ", d.tracked[b]);
+  for (const row_slots& rs : rows) {
+    const int r = rs.row;
+    if (h.step[r] != d.step[r]) log.add(when, ": step[", r, "] host ", h.step[r], " device ", d.step[r]);
+    if (h.next_position[r] != d.next_position[r])
+      log.add(when, ": next_position[", r, "] host ", h.next_position[r], " device ", d.next_position[r]);
+    if (h.tracked[r] != d.tracked[r]) log.add(when, ": tracked[", r, "] host ", h.tracked[r], " device ", d.tracked[r]);
     for (int head = 0; head < shape.kv_heads; ++head)
-      for (int t = 0; t < lengths[b]; ++t) {
-        const std::int64_t i = h.index(b, head, t);
+      for (int t = 0; t < rs.slots; ++t) {
+        const std::int64_t i = h.row_index(r, head, t);
         ++compared;
         if (h.positions[i] != d.positions[i])
-          log.add(when, ": position (", b, ",", head, ",", t, ") host ", h.positions[i], " device ", d.positions[i]);
+          log.add(when, ": position (row ", r, ",", head, ",", t, ") host ", h.positions[i], " device ",
+                  d.positions[i]);
         if (!same_bits(h.observed[i], d.observed[i]))
-          log.add(when, ": observed (", b, ",", head, ",", t, ") host ", h.observed[i], " device ", d.observed[i]);
+          log.add(when, ": observed (row ", r, ",", head, ",", t, ") host ", h.observed[i], " device ",
+                  d.observed[i]);
         if (rule.exact) {
           if (!same_bits(h.scores[i], d.scores[i]))
-            log.add(when, ": score (", b, ",", head, ",", t, ") host ", h.scores[i], " device ", d.scores[i]);
+            log.add(when, ": score (row ", r, ",", head, ",", t, ") host ", h.scores[i], " device ", d.scores[i]);
         } else {
           const float tol = 1e-4f * std::max(1.0f, std::fabs(h.scores[i]));
           if (!(std::fabs(h.scores[i] - d.scores[i]) <= tol)) {
             if (rule.binary)
               ++flips;
             else
-              log.add(when, ": score (", b, ",", head, ",", t, ") host ", h.scores[i], " device ", d.scores[i],
+              log.add(when, ": score (row ", r, ",", head, ",", t, ") host ", h.scores[i], " device ", d.scores[i],
                       " beyond tolerance ", tol);
           }
         }
         if (compare_ring)
           for (int w = 0; w < shape.ring_words; ++w)
             if (h.ring_of(i)[w] != d.ring_of(i)[w])
-              log.add(when, ": ring word ", w, " of (", b, ",", head, ",", t, ") host ", h.ring_of(i)[w], " device ",
-                      d.ring_of(i)[w]);
+              log.add(when, ": ring word ", w, " of (row ", r, ",", head, ",", t, ") host ", h.ring_of(i)[w],
+                      " device ", d.ring_of(i)[w]);
       }
   }
   if (flips > std::max<std::size_t>(1, compared / 100))
@@ -201,10 +244,27 @@ bool compare_state(const char* when, const sh::eviction_state<host_space>& h,
   return log.ok();
 }
 
+// The device's status words, all of which must be zero in a valid run.
+bool status_clear(const char* when, const sh::eviction_state<host_space>& d, mismatch_log& log) {
+  for (int r = 0; r < d.shape.rows; ++r)
+    if (d.status[r] != 0)
+      log.add(when, ": status word of row ", r, " is ", d.status[r], " (", sh::cuda::describe_status(d.status[r]), ")");
+  return log.ok();
+}
+
 template <class T>
 void fill_random(std::vector<T>& v, std::mt19937_64& rng, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   for (auto& x : v) x = from_float<T>(d(rng));
+}
+
+// Where row (b, qh, j) of a view with these strides starts (uniform or ragged).
+std::size_t row_offset(const std::vector<std::int32_t>* qo_indptr, std::int64_t sequence_stride,
+                       std::int64_t head_stride, std::int64_t query_stride, int b, int qh, int j) {
+  const sh::host_span<const std::int32_t> qo =
+      qo_indptr ? sh::host_span<const std::int32_t>(qo_indptr->data(), qo_indptr->size())
+                : sh::host_span<const std::int32_t>{};
+  return static_cast<std::size_t>(sh::detail::query_offset(qo, sequence_stride, head_stride, query_stride, b, qh, j));
 }
 
 // ---------------------------------------------------------------------------
@@ -234,38 +294,72 @@ bool run_case(const config& c, mismatch_log& log) {
   const bool hnd = c.layout % 2 == 1;
   const std::size_t elements = Paged ? static_cast<std::size_t>(num_pages) * P * H * D
                                      : static_cast<std::size_t>(B) * cap * H * D;
+  // The state holds what a sequence may hold at a call: the cache's
+  // capacity, or (tight) the budget plus the tokens appended between two
+  // compress calls (at most 3 after the first step).
+  const int state_cap = c.tight_state ? std::min(cap, c.budget + 2 + uniform(rng, 0, 6)) : cap;
+  const int most = std::min(c.capacity, state_cap);  // the longest a sequence gets at a call
 
   std::vector<T> hk(elements), hv(elements);
   fill_random(hk, rng, -2.0f, 2.0f);
   fill_random(hv, rng, -2.0f, 2.0f);
   device_buffer<T> dk(elements), dv(elements);
 
-  // Lengths or the page table, on both sides.
-  std::vector<int> len(B, 0);
-  std::vector<std::vector<std::int32_t>> pages(B);
-  std::vector<std::int32_t> h_lengths(B), h_indptr(B + 1), h_indices(std::max(1, B * max_pages)), h_last(B),
-      h_freed(B, -1);
-  device_buffer<std::int32_t> d_lengths(B), d_indptr(B + 1), d_indices(h_indices.size()), d_last(B), d_freed(B);
+  // Requests: each keeps its state row and (paged) its pages for its whole
+  // life; the scheduler puts it at a batch position. Without a mapping,
+  // request b is at position b in row b.
+  const int live = c.mapped ? uniform(rng, 1, B) : B;
+  const int rows = c.mapped ? live + uniform(rng, 0, 3) : B + (coin(rng, 0.3) ? uniform(rng, 1, 2) : 0);
+  std::vector<int> row_of(live), pos_of(live), len(live, 0);
+  std::vector<std::vector<std::int32_t>> pages(live);
+  for (int q = 0; q < live; ++q) row_of[q] = pos_of[q] = q;
+  if (c.mapped) {
+    std::vector<int> r(rows), p(B);
+    std::iota(r.begin(), r.end(), 0);
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(r.begin(), r.end(), rng);
+    std::shuffle(p.begin(), p.end(), rng);
+    for (int q = 0; q < live; ++q) row_of[q] = r[q], pos_of[q] = p[q];
+  }
   if constexpr (Paged) {
     std::vector<std::int32_t> ids(num_pages);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
-    for (int b = 0; b < B; ++b) pages[b].assign(ids.begin() + b * max_pages, ids.begin() + (b + 1) * max_pages);
+    for (int q = 0; q < live; ++q) pages[q].assign(ids.begin() + q * max_pages, ids.begin() + (q + 1) * max_pages);
   }
+  auto at_position = [&] {  // request at each batch position, -1 for padding
+    std::vector<int> who(B, -1);
+    for (int q = 0; q < live; ++q) who[pos_of[q]] = q;
+    return who;
+  };
+
+  // Lengths or the page table, and the state rows, on both sides.
+  std::vector<std::int32_t> h_lengths(B), h_indptr(B + 1), h_indices(std::max(1, B * max_pages)), h_last(B),
+      h_rows(B), h_new(B), h_freed(B), h_released(h_indices.size());
+  device_buffer<std::int32_t> d_lengths(B), d_indptr(B + 1), d_indices(h_indices.size()), d_last(B), d_rows(B),
+      d_new(B), d_freed(B), d_released(h_indices.size());
+  auto len_at = [&](int b) {
+    const int q = at_position()[b];
+    return q < 0 ? 0 : len[q];
+  };
   auto sync_table = [&] {
+    const auto who = at_position();
+    for (int b = 0; b < B; ++b) h_rows[b] = who[b] < 0 ? -1 : row_of[who[b]];
+    d_rows.upload(h_rows);
     if constexpr (Paged) {
       h_indptr[0] = 0;
       for (int b = 0; b < B; ++b) {
-        const int used = (len[b] + P - 1) / P;
-        for (int i = 0; i < used; ++i) h_indices[h_indptr[b] + i] = pages[b][i];
+        const int l = who[b] < 0 ? 0 : len[who[b]];
+        const int used = (l + P - 1) / P;
+        for (int i = 0; i < used; ++i) h_indices[h_indptr[b] + i] = pages[who[b]][i];
         h_indptr[b + 1] = h_indptr[b] + used;
-        h_last[b] = used == 0 ? 0 : len[b] - (used - 1) * P;
+        h_last[b] = used == 0 ? 0 : l - (used - 1) * P;
       }
       d_indptr.upload(h_indptr);
       d_indices.upload(h_indices);
       d_last.upload(h_last);
     } else {
-      for (int b = 0; b < B; ++b) h_lengths[b] = len[b];
+      for (int b = 0; b < B; ++b) h_lengths[b] = who[b] < 0 ? 0 : len[who[b]];
       d_lengths.upload(h_lengths);
     }
   };
@@ -275,13 +369,13 @@ bool run_case(const config& c, mismatch_log& log) {
       auto v = sh::make_paged_kv_view(sh::host_span<T>(hk.data(), elements), sh::host_span<T>(hv.data(), elements),
                                       sh::host_span<const std::int32_t>(h_indptr.data(), h_indptr.size()),
                                       sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
-                                      sh::host_span<std::int32_t>(h_last.data(), h_last.size()), B, H, D, P,
+                                      sh::host_span<const std::int32_t>(h_last.data(), h_last.size()), B, H, D, P,
                                       num_pages, max_pages, hnd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {
       auto v = sh::make_kv_view(sh::host_span<T>(hk.data(), elements), sh::host_span<T>(hv.data(), elements),
-                                sh::host_span<std::int32_t>(h_lengths.data(), h_lengths.size()), B, H, D, cap,
+                                sh::host_span<const std::int32_t>(h_lengths.data(), h_lengths.size()), B, H, D, cap,
                                 hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::kv_layout::nhd(cap, H, D) : sh::kv_layout::hnd(cap, H, D);
       return v;
@@ -292,70 +386,91 @@ bool run_case(const config& c, mismatch_log& log) {
       auto v = sh::make_paged_kv_view(dk.span(), dv.span(),
                                       sh::device_span<const std::int32_t>(d_indptr.data(), d_indptr.size()),
                                       sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
-                                      d_last.span(), B, H, D, P, num_pages, max_pages, hnd);
+                                      sh::device_span<const std::int32_t>(d_last.data(), d_last.size()), B, H, D, P,
+                                      num_pages, max_pages, hnd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {
-      auto v = sh::make_kv_view(dk.span(), dv.span(), d_lengths.span(), B, H, D, cap,
-                                hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+      auto v = sh::make_kv_view(dk.span(), dv.span(),
+                                sh::device_span<const std::int32_t>(d_lengths.data(), d_lengths.size()), B, H, D,
+                                cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::kv_layout::nhd(cap, H, D) : sh::kv_layout::hnd(cap, H, D);
       return v;
     }
   };
   sync_table();
   const auto hview0 = host_view();
+  std::int64_t block = 0;  // one position's K (and V) elements
+  if constexpr (!Paged) block = hview0.k_layout.sequence_stride;
 
-  // State, workspaces, status.
-  const sh::state_shape shape = sh::state_shape_for(policy, hview0);
+  // State, workspaces; the state seen through the batch when mapped.
+  const sh::state_shape shape{rows, H, state_cap, policy.ring_words()};
   const std::size_t state_bytes = sh::state_bytes(shape);
   aligned_bytes h_state_buf(state_bytes), snapshot(state_bytes);
   device_buffer<std::byte> d_state_buf(state_bytes);
-  const auto hst = sh::make_state(h_state_buf.span(), shape);
-  const auto dst = sh::make_state(d_state_buf.span(), shape);
+  const auto hst0 = sh::make_state(h_state_buf.span(), shape);
+  const auto dst0 = sh::make_state(d_state_buf.span(), shape);
   const auto dsnap = sh::make_state(snapshot.span(), shape);
-  sh::host::reset_state(hst);
-  CUDA_CHECK(sh::cuda::reset_state(dst));
+  const auto hst = c.mapped ? hst0.for_batch(sh::host_span<const std::int32_t>(h_rows.data(), B)) : hst0;
+  const auto dst = c.mapped ? dst0.for_batch(sh::device_span<const std::int32_t>(d_rows.data(), B)) : dst0;
+  sh::host::reset_state(hst0);
+  CUDA_CHECK(sh::cuda::reset_state(dst0));
   aligned_bytes h_ws(sh::host::compress_workspace_bytes(hview0));
   std::size_t d_ws_bytes = 0;
-  device_buffer<std::uint32_t> status(1);
-  CUDA_CHECK(cudaMemset(status.data(), 0, sizeof(std::uint32_t)));
-  CUDA_CHECK(sh::cuda::compress(nullptr, d_ws_bytes, policy, device_view(), dst, c.budget, {}, status.data()));
+  CUDA_CHECK(sh::cuda::compress(nullptr, d_ws_bytes, policy, device_view(), dst, c.budget, {}));
   device_buffer<std::byte> d_ws(d_ws_bytes);
+  device_buffer<sh::cuda::shrink_result> d_result(1);
 
-  auto status_ok = [&](const char* when) {
-    std::uint32_t word = 0;
-    status.download(&word, 1);
-    if (word != 0) log.add(when, ": status word ", word, " (", sh::cuda::describe_status(word), ")");
-    return word == 0;
-  };
   auto download_state = [&] { d_state_buf.download(snapshot.data(), state_bytes); };
+  auto live_rows = [&](const std::vector<int>& slots) {
+    std::vector<row_slots> out;
+    for (int q = 0; q < live; ++q) out.push_back({row_of[q], slots[q]});
+    return out;
+  };
 
   for (int step = 0; step < c.steps; ++step) {
-    // 0. Now and then the engine reuses a batch slot for a new request.
+    // 0. Now and then a request finishes and a new one takes a row (a free
+    //    one if there is one) and, when mapped, the scheduler reorders the
+    //    batch; contiguous K/V move with their request.
     if (step > 0 && coin(rng, 0.15)) {
-      const int b = uniform(rng, 0, B - 1), start = uniform(rng, 0, 1000);
-      sh::host::reset_sequence(hst, b, start);
-      CUDA_CHECK(sh::cuda::reset_sequence(dst, b, start));
-      len[b] = 0;
+      const int q = uniform(rng, 0, live - 1), start = uniform(rng, 0, 1000);
+      if (c.mapped) {
+        std::vector<int> free_rows;
+        for (int r = 0; r < rows; ++r)
+          if (std::find(row_of.begin(), row_of.end(), r) == row_of.end()) free_rows.push_back(r);
+        if (!free_rows.empty()) row_of[q] = free_rows[uniform(rng, 0, static_cast<int>(free_rows.size()) - 1)];
+      }
+      sh::host::reset_sequence(hst0, row_of[q], start);
+      CUDA_CHECK(sh::cuda::reset_sequence(dst0, row_of[q], start));
+      len[q] = 0;
     }
-    // 1. The engine appends tokens (ragged; at least one when observing).
-    for (int b = 0; b < B; ++b) {
-      int add;
-      if (step == 0)
-        add = uniform(rng, attention ? 1 : 0, c.capacity);
-      else
-        add = uniform(rng, attention ? 1 : 0, 3);
-      add = std::min(add, c.capacity - len[b]);
-      for (int t = len[b]; t < len[b] + add; ++t)
+    if (c.mapped && step > 0 && coin(rng, 0.5)) {
+      std::vector<int> p(B);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng);
+      if constexpr (!Paged) {
+        const std::vector<T> k_old = hk, v_old = hv;
+        for (int q = 0; q < live; ++q) {
+          std::copy_n(k_old.begin() + pos_of[q] * block, block, hk.begin() + p[q] * block);
+          std::copy_n(v_old.begin() + pos_of[q] * block, block, hv.begin() + p[q] * block);
+        }
+      }
+      for (int q = 0; q < live; ++q) pos_of[q] = p[q];
+    }
+    // 1. The engine appends tokens (ragged, none for some).
+    for (int q = 0; q < live; ++q) {
+      int add = step == 0 ? uniform(rng, 0, most) : uniform(rng, 0, 3);
+      if (step == 0 && coin(rng, 0.8)) add = std::max(add, 1);
+      add = std::min(add, most - len[q]);
+      for (int t = len[q]; t < len[q] + add; ++t)
         for (int h = 0; h < H; ++h) {
           std::int64_t ko, vo;
           if constexpr (Paged) {
-            const auto v = hview0;
-            ko = v.k_layout.offset(pages[b][t / P], h, t % P);
-            vo = v.v_layout.offset(pages[b][t / P], h, t % P);
+            ko = hview0.k_layout.offset(pages[q][t / P], h, t % P);
+            vo = hview0.v_layout.offset(pages[q][t / P], h, t % P);
           } else {
-            ko = hview0.k_layout.offset(b, h, t);
-            vo = hview0.v_layout.offset(b, h, t);
+            ko = hview0.k_layout.offset(pos_of[q], h, t);
+            vo = hview0.v_layout.offset(pos_of[q], h, t);
           }
           std::uniform_real_distribution<float> d(-2.0f, 2.0f);
           for (int x = 0; x < D; ++x) {
@@ -363,7 +478,7 @@ bool run_case(const config& c, mismatch_log& log) {
             hv[vo + x] = from_float<T>(d(rng));
           }
         }
-      len[b] += add;
+      len[q] += add;
     }
     sync_table();
     dk.upload(hk);
@@ -372,29 +487,68 @@ bool run_case(const config& c, mismatch_log& log) {
     const auto dview = device_view();
     const std::vector<int> observed_len = len;
 
-    // 2. Observe, on both sides, from the same inputs.
-    const int min_len = *std::min_element(len.begin(), len.end());
-    const int max_len = *std::max_element(len.begin(), len.end());
-    int q_len = 1;
-    if (attention) {
-      q_len = step == 0 ? uniform(rng, 1, std::min(8, min_len)) : (coin(rng, 0.8) ? 1 : uniform(rng, 1, std::min(3, min_len)));
+    // 2. This step's queries: uniform q_len (at most the shortest non-empty
+    //    sequence, 0 now and then) or ragged per sequence (0 for some,
+    //    anything for positions holding no token: they are skipped).
+    int min_len = std::numeric_limits<int>::max(), max_len = 0;
+    for (int b = 0; b < B; ++b) {
+      const int l = len_at(b);
+      if (l > 0) min_len = std::min(min_len, l);
+      max_len = std::max(max_len, l);
     }
+    if (min_len == std::numeric_limits<int>::max()) min_len = 8;
+    const bool ragged = attention && c.ragged;
+    int q_len = 0;
+    std::vector<std::int32_t> h_qo(B + 1, 0);
+    std::vector<int> q_of(B, 0);
+    if (ragged) {
+      for (int b = 0; b < B; ++b) {
+        const int l = len_at(b);
+        if (l == 0)
+          q_of[b] = uniform(rng, 0, 2);
+        else if (coin(rng, 0.2))
+          q_of[b] = 0;
+        else
+          q_of[b] = coin(rng, 0.5) ? 1 : uniform(rng, 1, std::min(l, 8));
+        h_qo[b + 1] = h_qo[b] + q_of[b];
+      }
+    } else if (attention) {
+      q_len = coin(rng, 0.05) ? 0
+              : step == 0     ? uniform(rng, 1, std::min(8, min_len))
+                              : (coin(rng, 0.8) ? 1 : uniform(rng, 1, std::min(3, min_len)));
+      for (int b = 0; b < B; ++b) q_of[b] = q_len;
+    }
+    const int tokens = ragged ? h_qo[B] : B * q_len;
+    device_buffer<std::int32_t> d_qo(B + 1);
+    d_qo.upload(h_qo);
+    const sh::host_span<const std::int32_t> hqo = ragged ? sh::host_span<const std::int32_t>(h_qo.data(), B + 1)
+                                                         : sh::host_span<const std::int32_t>{};
+    const sh::device_span<const std::int32_t> dqo = ragged ? sh::device_span<const std::int32_t>(d_qo.data(), B + 1)
+                                                           : sh::device_span<const std::int32_t>{};
+    const std::vector<std::int32_t>* qo_ptr = ragged ? &h_qo : nullptr;
+
+    // 3. Observe, on both sides, from the same inputs.
     const bool queries = c.path != 0;
     if (!attention && coin(rng)) {
       // Static policies: admit is all observe does; check the entry point too.
       sh::host::admit(policy, hview, hst);
-      CUDA_CHECK(sh::cuda::admit(policy, dview, dst, status.data()));
+      CUDA_CHECK(sh::cuda::admit(policy, dview, dst));
       CUDA_CHECK(cudaDeviceSynchronize());
     } else if (!queries) {
       const int cols = std::max(1, max_len + (c.padded ? 5 : 0));
-      std::vector<float> probs(static_cast<std::size_t>(B) * QH * q_len * cols,
+      std::vector<float> probs(std::max<std::size_t>(1, static_cast<std::size_t>(tokens) * QH * cols),
                                std::numeric_limits<float>::quiet_NaN());  // never read beyond visible
+      const auto hp0 = ragged ? sh::probability_view<host_space>::ragged({probs.data(), probs.size()}, hqo, QH, cols)
+                              : sh::probability_view<host_space>::dense({probs.data(), probs.size()}, QH, q_len, cols);
       std::normal_distribution<float> logit(0.0f, 2.0f);
-      for (int b = 0; b < B; ++b)
+      for (int b = 0; b < B; ++b) {
+        const int l = len_at(b);
+        if (l == 0) continue;
         for (int qh = 0; qh < QH; ++qh)
-          for (int j = 0; j < q_len; ++j) {
-            float* row = probs.data() + ((static_cast<std::size_t>(b) * QH + qh) * q_len + j) * cols;
-            const int visible = len[b] - q_len + j + 1;
+          for (int j = 0; j < q_of[b]; ++j) {
+            float* row = probs.data() + row_offset(qo_ptr, hp0.sequence_stride, hp0.head_stride, hp0.query_stride,
+                                                   b, qh, j);
+            const int visible = l - q_of[b] + j + 1;
             float total = 0.0f;
             for (int t = 0; t < visible; ++t) total += (row[t] = std::exp(logit(rng)));
             for (int t = 0; t < visible; ++t) {
@@ -402,30 +556,49 @@ bool run_case(const config& c, mismatch_log& log) {
               if (c.ties) row[t] = std::round(row[t] * 16.0f) / 16.0f;  // many equal scores
             }
           }
+      }
       device_buffer<float> d_probs(probs.size());
       d_probs.upload(probs);
-      const auto hp = sh::probability_view<host_space>::dense({probs.data(), probs.size()}, QH, q_len, cols);
-      const auto dp = sh::probability_view<device_space>::dense({d_probs.data(), d_probs.size()}, QH, q_len, cols);
-      sh::host::observe_probabilities(policy, hview, hst, hp);
-      CUDA_CHECK(sh::cuda::observe_probabilities(policy, dview, dst, dp, status.data()));
+      auto dp = ragged ? sh::probability_view<device_space>::ragged({d_probs.data(), d_probs.size()}, dqo, QH, cols)
+                       : sh::probability_view<device_space>::dense({d_probs.data(), d_probs.size()}, QH, q_len, cols);
+      sh::host::observe_probabilities(policy, hview, hst, hp0);
+      CUDA_CHECK(sh::cuda::observe_probabilities(policy, dview, dst, dp));
       CUDA_CHECK(cudaDeviceSynchronize());
     } else if constexpr (queries_tested<Policy>) {
-      std::vector<T> q(static_cast<std::size_t>(B) * q_len * QH * D);
-      fill_random(q, rng, -2.0f, 2.0f);
+      std::vector<T> q(std::max<std::size_t>(1, static_cast<std::size_t>(tokens) * QH * D),
+                       from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+      const auto hq = ragged ? sh::query_view<T, host_space>::ragged({q.data(), q.size()}, hqo, QH, D)
+                             : sh::query_view<T, host_space>::dense({q.data(), q.size()}, QH, q_len, D);
+      std::uniform_real_distribution<float> qd(-2.0f, 2.0f);
+      for (int b = 0; b < B; ++b) {
+        if (len_at(b) == 0) continue;
+        for (int qh = 0; qh < QH; ++qh)
+          for (int j = 0; j < q_of[b]; ++j) {
+            T* row = q.data() + row_offset(qo_ptr, hq.sequence_stride, hq.head_stride, hq.query_stride, b, qh, j);
+            for (int x = 0; x < D; ++x) row[x] = from_float<T>(qd(rng));
+          }
+      }
       device_buffer<T> d_q(q.size());
       d_q.upload(q);
-      const auto hq = sh::query_view<T, host_space>::dense({q.data(), q.size()}, QH, q_len, D);
-      const auto dq = sh::query_view<T, device_space>::dense({d_q.data(), d_q.size()}, QH, q_len, D);
+      const auto dq = ragged ? sh::query_view<T, device_space>::ragged({d_q.data(), d_q.size()}, dqo, QH, D)
+                             : sh::query_view<T, device_space>::dense({d_q.data(), d_q.size()}, QH, q_len, D);
       const float scale = c.softmax_scale > 0.0f ? c.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
       std::vector<float> lse;
       const sh::lse_base base = c.path == 2 ? sh::lse_base::base2 : sh::lse_base::natural;
+      sh::lse_view<host_space> hl{};
       if (c.path != 3) {
-        // The log-sum-exp an attention kernel would return.
-        lse.resize(static_cast<std::size_t>(B) * QH * q_len);
-        for (int b = 0; b < B; ++b)
+        // The log-sum-exp an attention kernel would return; NaN where no query is.
+        lse.assign(std::max(1, tokens * QH), std::numeric_limits<float>::quiet_NaN());
+        const sh::host_span<const float> ls(lse.data(), lse.size());
+        hl = ragged           ? sh::lse_view<host_space>::ragged(ls, hqo, QH, base)
+             : c.token_major ? sh::lse_view<host_space>::token_major(ls, QH, q_len, base)
+                             : sh::lse_view<host_space>::dense(ls, QH, q_len, base);
+        for (int b = 0; b < B; ++b) {
+          const int l = len_at(b);
+          if (l == 0) continue;
           for (int qh = 0; qh < QH; ++qh)
-            for (int j = 0; j < q_len; ++j) {
-              const int visible = len[b] - q_len + j + 1;
+            for (int j = 0; j < q_of[b]; ++j) {
+              const int visible = l - q_of[b] + j + 1;
               std::vector<double> logits(visible);
               double m = -1e300;
               for (int t = 0; t < visible; ++t) {
@@ -437,80 +610,116 @@ bool run_case(const config& c, mismatch_log& log) {
                 m = std::max(m, logits[t]);
               }
               double sum = 0.0;
-              for (double l : logits) sum += std::exp(l - m);
+              for (double v : logits) sum += std::exp(v - m);
               const double value = m + std::log(sum);
-              lse[(static_cast<std::size_t>(b) * QH + qh) * q_len + j] =
+              lse[row_offset(qo_ptr, hl.sequence_stride, hl.head_stride, hl.query_stride, b, qh, j)] =
                   static_cast<float>(base == sh::lse_base::base2 ? value / std::log(2.0) : value);
             }
+        }
       }
       device_buffer<float> d_lse(lse.size());
       if (!lse.empty()) d_lse.upload(lse);
-      const auto hl = lse.empty() ? sh::lse_view<host_space>{}
-                                  : sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, q_len, base);
-      const auto dl = lse.empty() ? sh::lse_view<device_space>{}
-                                  : sh::lse_view<device_space>::dense({d_lse.data(), d_lse.size()}, QH, q_len, base);
+      sh::lse_view<device_space> dl{};
+      if (!lse.empty()) {
+        dl = {{d_lse.data(), d_lse.size()}, hl.base, hl.sequence_stride, hl.head_stride, hl.query_stride, dqo};
+      }
       sh::host::observe_queries(policy, hview, hst, hq, hl, c.softmax_scale);
-      CUDA_CHECK(sh::cuda::observe_queries(policy, dview, dst, dq, dl, c.softmax_scale, status.data()));
+      CUDA_CHECK(sh::cuda::observe_queries(policy, dview, dst, dq, dl, c.softmax_scale));
       CUDA_CHECK(cudaDeviceSynchronize());
     }
-    if (!status_ok("observe")) return false;
     download_state();
+    if (!status_clear("observe", dsnap, log)) return false;
     const score_rule after_observe{!queries, Policy::observation::binary};
-    if (!compare_state("after observe", hst, dsnap, observed_len, after_observe, !queries, log)) return false;
+    if (!compare_state("after observe", hst0, dsnap, live_rows(observed_len), after_observe, !queries, log))
+      return false;
     // Compress from identical inputs whatever the observe path.
     if (queries) d_state_buf.upload(h_state_buf.data(), state_bytes);
 
-    // 3. Compress.
+    // 4. Compress: its outputs against the host's.
     const bool with_freed = Paged || c.freed_for_contiguous;
-    std::fill(h_freed.begin(), h_freed.end(), -1);
+    std::fill(h_new.begin(), h_new.end(), -7);
+    std::fill(h_freed.begin(), h_freed.end(), -7);
+    d_new.upload(h_new);
     d_freed.upload(h_freed);
     sh::host::compress(policy, hview, hst, c.budget, h_ws.span(),
-                       with_freed ? sh::host_span<std::int32_t>(h_freed.data(), B) : sh::host_span<std::int32_t>{});
+                       {sh::host_span<std::int32_t>(h_new.data(), B),
+                        with_freed ? sh::host_span<std::int32_t>(h_freed.data(), B) : sh::host_span<std::int32_t>{}});
     CUDA_CHECK(sh::cuda::compress(d_ws.data(), d_ws_bytes, policy, dview, dst, c.budget,
-                                  with_freed ? d_freed.span() : sh::device_span<std::int32_t>{}, status.data()));
+                                  {d_new.span(), with_freed ? d_freed.span() : sh::device_span<std::int32_t>{}}));
     CUDA_CHECK(cudaDeviceSynchronize());
-    if (!status_ok("compress")) return false;
-
-    // The new lengths (paged: the engine drops the freed pages).
-    std::vector<int> kept_len(B);
-    if constexpr (Paged) {
-      const auto dev_last = d_last.download();
-      const auto dev_freed = d_freed.download();
+    download_state();
+    if (!status_clear("compress", dsnap, log)) return false;
+    {
+      const auto dev_new = d_new.download(), dev_freed = d_freed.download();
       for (int b = 0; b < B; ++b) {
-        if (dev_last[b] != h_last[b]) log.add("compress: last_page_len[", b, "] host ", h_last[b], " device ", dev_last[b]);
-        if (dev_freed[b] != h_freed[b]) log.add("compress: freed_pages[", b, "] host ", h_freed[b], " device ", dev_freed[b]);
-        const int kept_pages = (h_indptr[b + 1] - h_indptr[b]) - h_freed[b];
-        kept_len[b] = kept_pages == 0 ? 0 : (kept_pages - 1) * P + h_last[b];
-      }
-    } else {
-      const auto dev_len = d_lengths.download();
-      for (int b = 0; b < B; ++b) {
-        if (dev_len[b] != h_lengths[b]) log.add("compress: length[", b, "] host ", h_lengths[b], " device ", dev_len[b]);
-        kept_len[b] = h_lengths[b];
-      }
-      if (with_freed) {
-        const auto dev_freed = d_freed.download();
-        for (int b = 0; b < B; ++b)
-          if (dev_freed[b] != h_freed[b]) log.add("compress: freed_pages[", b, "] host ", h_freed[b], " device ", dev_freed[b]);
+        if (dev_new[b] != h_new[b]) log.add("compress: new_lengths[", b, "] host ", h_new[b], " device ", dev_new[b]);
+        if (h_new[b] != sh::length_after_compress(len_at(b), c.budget, c.m))
+          log.add("compress: new_lengths[", b, "] ", h_new[b], " is not length_after_compress");
+        if (with_freed && dev_freed[b] != h_freed[b])
+          log.add("compress: freed_pages[", b, "] host ", h_freed[b], " device ", dev_freed[b]);
       }
     }
     if (!log.ok()) return false;
-    download_state();
-    if (!compare_state("after compress", hst, dsnap, kept_len, score_rule{}, true, log)) return false;
+    std::vector<int> kept_len(live);
+    const auto who = at_position();
+    for (int b = 0; b < B; ++b)
+      if (who[b] >= 0) kept_len[who[b]] = h_new[b];
+    if (!compare_state("after compress", hst0, dsnap, live_rows(kept_len), score_rule{}, true, log)) return false;
     // Kept K and V rows, bit for bit.
     const auto dev_k = dk.download(), dev_v = dv.download();
-    for (int b = 0; b < B; ++b)
+    for (int q = 0; q < live; ++q)
       for (int h = 0; h < H; ++h)
-        for (int t = 0; t < kept_len[b]; ++t) {
+        for (int t = 0; t < kept_len[q]; ++t) {
+          const int b = pos_of[q];
           const std::size_t ko = static_cast<std::size_t>(hview.k_row(b, h, t) - hk.data());
           const std::size_t vo = static_cast<std::size_t>(hview.v_row(b, h, t) - hv.data());
           if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0)
-            log.add("compress: K row (", b, ",", h, ",", t, ") differs");
+            log.add("compress: K row (request ", q, " at ", b, ",", h, ",", t, ") differs");
           if (std::memcmp(&hv[vo], &dev_v[vo], sizeof(T) * D) != 0)
-            log.add("compress: V row (", b, ",", h, ",", t, ") differs");
+            log.add("compress: V row (request ", q, " at ", b, ",", h, ",", t, ") differs");
         }
     if (!log.ok()) return false;
-    len = kept_len;
+
+    // 5. The engine applies the new lengths (paged: shrinks the table on
+    //    both sides; the next step rebuilds it, which must agree).
+    if constexpr (Paged) {
+      const std::size_t released = sh::host::shrink_page_table(
+          sh::host_span<std::int32_t>(h_indptr.data(), h_indptr.size()),
+          sh::host_span<std::int32_t>(h_indices.data(), h_indices.size()),
+          sh::host_span<std::int32_t>(h_last.data(), h_last.size()), P,
+          sh::host_span<const std::int32_t>(h_new.data(), B),
+          sh::host_span<std::int32_t>(h_released.data(), h_released.size()));
+      CUDA_CHECK(sh::cuda::shrink_page_table(d_indptr.span(), d_indices.span(), d_last.span(), P,
+                                             sh::device_span<const std::int32_t>(d_new.data(), B),
+                                             d_released.span(), d_result.data()));
+      sh::cuda::shrink_result result;
+      CUDA_CHECK(cudaDeviceSynchronize());
+      d_result.download(&result, 1);
+      const auto di = d_indptr.download(), dx = d_indices.download(), dl = d_last.download(),
+                 dr = d_released.download();
+      if (result.status != 0 || result.released != static_cast<std::int32_t>(released))
+        log.add("shrink_page_table: device {", result.released, ", ", result.status, "} host released ", released);
+      for (int b = 0; b <= B; ++b)
+        if (di[b] != h_indptr[b]) log.add("shrink_page_table: indptr[", b, "] host ", h_indptr[b], " device ", di[b]);
+      for (int i = 0; i < h_indptr[B]; ++i)
+        if (dx[i] != h_indices[i]) log.add("shrink_page_table: indices[", i, "] host ", h_indices[i], " device ", dx[i]);
+      for (int b = 0; b < B; ++b)
+        if (dl[b] != h_last[b]) log.add("shrink_page_table: last_page_len[", b, "] host ", h_last[b], " device ", dl[b]);
+      for (std::size_t i = 0; i < released; ++i)
+        if (dr[i] != h_released[i])
+          log.add("shrink_page_table: released[", i, "] host ", h_released[i], " device ", dr[i]);
+      if (!log.ok()) return false;
+      const std::vector<std::int32_t> shrunk_indptr = h_indptr, shrunk_last = h_last;
+      const std::vector<std::int32_t> shrunk_indices(h_indices.begin(), h_indices.begin() + h_indptr[B]);
+      len = kept_len;
+      sync_table();
+      if (shrunk_indptr != h_indptr || shrunk_last != h_last ||
+          !std::equal(shrunk_indices.begin(), shrunk_indices.end(), h_indices.begin()))
+        log.add("shrink_page_table: the shrunk table is not the table of the new lengths");
+      if (!log.ok()) return false;
+    } else {
+      len = kept_len;
+    }
   }
   return true;
 }
@@ -552,6 +761,7 @@ int run_differential(int configs, std::uint64_t seed, bool quick) {
   std::mt19937_64 rng(seed);
   int failed = 0;
   int by_path[4] = {0, 0, 0, 0}, by_layout[4] = {0, 0, 0, 0}, by_dtype[3] = {0, 0, 0};
+  int mapped = 0, ragged = 0, tight = 0;
   for (int i = 0; i < configs; ++i) {
     const config c = make_config(rng, i, quick);
     mismatch_log log;
@@ -561,18 +771,21 @@ int run_differential(int configs, std::uint64_t seed, bool quick) {
     ++by_path[c.path];
     ++by_layout[c.layout];
     ++by_dtype[c.dtype];
+    mapped += c.mapped;
+    ragged += c.ragged;
+    tight += c.tight_state;
   }
   std::printf("differential: %d of %d configurations passed (paths: probabilities %d, queries+lse %d, "
               "queries+lse2 %d, queries %d; layouts NHD %d, HND %d, paged NHD %d, paged HND %d; fp32 %d, fp16 %d, "
-              "bf16 %d)\n",
+              "bf16 %d; state rows %d, ragged %d, tight state %d)\n",
               configs - failed, configs, by_path[0], by_path[1], by_path[2], by_path[3], by_layout[0], by_layout[1],
-              by_layout[2], by_layout[3], by_dtype[0], by_dtype[1], by_dtype[2]);
+              by_layout[2], by_layout[3], by_dtype[0], by_dtype[1], by_dtype[2], mapped, ragged, tight);
   return failed;
 }
 
 }  // namespace
 
-#include "device_checks.cuh"  // run_error_tests, run_graph_test
+#include "device_checks.cuh"  // run_error_tests, run_shrink_tests, run_graph_test
 
 int main(int argc, char** argv) {
   int configs = 1200, graph_steps = 96;
@@ -594,7 +807,10 @@ int main(int argc, char** argv) {
     else if (a == "--only") only = next();
     else if (a == "--quick") quick = true;
     else {
-      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential|errors|graph] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph] "
+                   "[--quick]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -610,10 +826,15 @@ int main(int argc, char** argv) {
   std::printf("device %d: %s (sm_%d%d), seed %llu\n", device, prop.name, prop.major, prop.minor,
               static_cast<unsigned long long>(seed));
 
+  // --only takes one part or a comma-separated list.
+  auto want = [&](const char* part) {
+    return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
+  };
   int failures = 0;
-  if (only.empty() || only == "differential") failures += run_differential(configs, seed, quick);
-  if (only.empty() || only == "errors") failures += run_error_tests();
-  if (only.empty() || only == "graph") failures += run_graph_test(graph_steps);
+  if (want("differential")) failures += run_differential(configs, seed, quick);
+  if (want("errors")) failures += run_error_tests();
+  if (want("shrink")) failures += run_shrink_tests(seed, quick);
+  if (want("graph")) failures += run_graph_test(graph_steps);
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

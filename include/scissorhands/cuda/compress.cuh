@@ -4,16 +4,18 @@
 // Two-phase, like CUB: call with d_workspace == nullptr to get the bytes it
 // needs in workspace_bytes (nothing is launched), then again with a device
 // buffer of at least that size. Two kernels per call (see
-// kernels/compress.cuh): selection, then compaction gated on *d_status, so
-// a launch whose data fails a device check changes nothing (status.cuh).
-// Whether a sequence triggers (length >= budget) is decided on the device.
-// One workspace serves every layer of a stream (calls run in order); give
-// concurrent streams their own.
+// kernels/compress.cuh): selection, then compaction, which skips every
+// sequence whose state row's status word is non-zero, so a sequence whose
+// data fails a device check changes nothing (status.cuh) and the others
+// proceed. Whether a sequence triggers (length >= budget) is decided on the
+// device. One workspace serves every layer of a stream (calls run in
+// order); give concurrent streams their own.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
+#include "../compress_output.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
 #include "../paged_kv_view.hpp"
@@ -27,51 +29,63 @@
 namespace scissorhands::cuda {
 
 namespace detail {
+// The most tokens a sequence evicts per head: one holding as many tokens as
+// the cache and the state allow.
 template <class Policy, class View>
-std::int32_t max_evict(const Policy& policy, const View& cache, std::int32_t budget) {
-  const std::int64_t e = std::int64_t{cache.max_capacity()} - budget + policy.config.evict_count;
+std::int32_t max_evict(const Policy& policy, const View& cache, const eviction_state<memory_space::device>& state,
+                       std::int32_t budget) {
+  const std::int64_t e = std::int64_t{max_slots(cache, state)} - budget + policy.config.evict_count;
   return e > 0 ? static_cast<std::int32_t>(e) : 0;
 }
 }  // namespace detail
 
-// Bytes of workspace compress needs for this cache, policy and budget.
+// Bytes of workspace compress needs for this cache, state, policy and
+// budget: a few bytes per (sequence, head) and token it may evict, sized by
+// the smaller of the cache's and the state's capacity.
 template <class Policy, class View>
   requires composed_policy<Policy>
-std::size_t compress_workspace_bytes(const Policy& policy, const View& cache, std::int32_t budget) {
+std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
+                                     const eviction_state<memory_space::device>& state, std::int32_t budget) {
   const char* fn = "cuda::compress_workspace_bytes";
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
   detail::validate_cache(fn, cache);
   detail::validate_settings(fn, policy);
+  detail::validate_state_matches(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
-  return detail::compress_workspace::bytes(cache.batch, cache.kv_heads, detail::max_evict(policy, cache, budget));
+  return detail::compress_workspace::bytes(cache.batch, cache.kv_heads, detail::max_evict(policy, cache, state, budget));
 }
 
 // Evicts, from every sequence holding `budget` tokens or more, the
 // length - budget + m lowest-scoring unprotected tokens of each KV head, and
 // compacts K, V and the state (fill_holes or preserve_order), exactly as
-// host::compress. `freed_pages` (paged views: batch entries; contiguous:
-// empty or batch entries) gets the trailing pages each sequence no longer
-// uses.
+// host::compress. The cache's lengths and page table are not written:
+// out.new_lengths[b] gets every sequence's length_after_compress (also for
+// sequences skipped for a device-found error: see status.cuh; a paged
+// sequence whose page-table entry is unusable counts as length 0) and
+// out.freed_pages[b] (paged: required; contiguous: optional, all 0) the
+// trailing pages of its list it no longer uses. Apply them after the last
+// layer that shares the table (cuda::shrink_page_table for a FlashInfer
+// table), in stream order.
 template <class Policy, class View>
   requires composed_policy<Policy>
 cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
                      eviction_state<memory_space::device> state, std::int32_t budget,
-                     device_span<std::int32_t> freed_pages, std::uint32_t* d_status, cudaStream_t stream = 0) {
+                     compress_output<memory_space::device> out, cudaStream_t stream = 0) {
   const char* fn = "cuda::compress";
   using T = typename View::element_type;
   if (d_workspace == nullptr) {
-    workspace_bytes = compress_workspace_bytes(policy, cache, budget);
+    workspace_bytes = compress_workspace_bytes(policy, cache, state, budget);
     return cudaSuccess;
   }
-  detail::validate_common(fn, policy, cache, state, d_status);
+  detail::validate_common(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
-  const std::int32_t max_evict = detail::max_evict(policy, cache, budget);
+  const std::int32_t max_evict = detail::max_evict(policy, cache, state, budget);
   const std::size_t need = detail::compress_workspace::bytes(cache.batch, cache.kv_heads, max_evict);
   detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes,
                   ", below the ", need, " bytes the workspace query returned");
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
                   "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
-  detail::validate_freed_pages(fn, cache, freed_pages);
+  detail::validate_output(fn, cache, out);
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
   detail::compress_workspace ws;
@@ -81,13 +95,13 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
   ws.max_evict = max_evict;
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
   detail::select_kernel<typename Policy::protector>
-      <<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state, budget, ws, d_status);
+      <<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state, budget, ws);
   const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
   const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));
   const int vec = detail::row_alignment(rows, row_bytes, true);
   detail::compact_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
-      policy.config, seqs, rows, row_bytes, vec, state, budget, ws, freed_pages.empty() ? nullptr : freed_pages.data(),
-      d_status);
+      policy.config, seqs, rows, row_bytes, vec, state, budget, ws, out.new_lengths.data(),
+      out.freed_pages.empty() ? nullptr : out.freed_pages.data());
   return cudaGetLastError();
 }
 

@@ -7,14 +7,20 @@
 // picks the kernels and their traits; kernels/ hold the per-block agents and
 // block/ the collectives. Each call launches, in stream order,
 //
-//   1. a check kernel (device data: lengths, page table, counters,
-//      probability or log-sum-exp values) that ORs bits into *d_status,
-//   2. the observe kernel, a no-op if *d_status != 0,
-//   3. a finalize kernel for the per-sequence counters, also gated.
+//   1. a check kernel (device data: lengths, page table, state rows and
+//      counters, qo_indptr, probability or log-sum-exp values) that ORs bits
+//      into the status words of the rows at fault (status.cuh),
+//   2. the observe kernel, which skips every sequence whose row is -1 or
+//      whose status word is non-zero, and sequences holding no token,
+//   3. a finalize kernel for the per-row counters, gated the same way.
 //
-// Nothing is allocated, nothing synchronises with the host, and which
-// tokens are new is decided on the device, so a decode step can be captured
-// in a CUDA graph. Returns the CUDA runtime's launch error, if any.
+// Continuous batching: pass state.for_batch(d_state_rows) (a device span)
+// to map batch positions to state rows; ragged views (qo_indptr in device
+// memory) mix prefill chunks, decode tokens and sequences with no query
+// (those only have their new tokens admitted). Nothing is allocated,
+// nothing synchronises with the host, and which tokens are new is decided
+// on the device, so a decode step can be captured in a CUDA graph. Returns
+// the CUDA runtime's launch error, if any.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -41,37 +47,39 @@ namespace detail {
 // Largest dynamic shared memory observe_queries asks for (group * head_dim floats).
 inline constexpr std::int32_t max_query_tile_floats = 10 * 1024;
 
-inline dim3 slot_grid(std::int32_t max_capacity, std::int32_t kv_heads, std::int32_t batch) {
-  const auto chunks = static_cast<unsigned>((max_capacity + slot_traits::chunk - 1) / slot_traits::chunk);
-  return dim3(chunks, static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
+inline dim3 slot_grid(std::int32_t slots, std::int32_t kv_heads, std::int32_t batch) {
+  const auto chunks = static_cast<unsigned>((slots + slot_traits::chunk - 1) / slot_traits::chunk);
+  return dim3(chunks > 0 ? chunks : 1u, static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
 }
 
 template <observe_mode Mode>
 void launch_check(const sequence_table& seqs, const eviction_state<memory_space::device>& state,
-                  const probability_view<memory_space::device>& probs, const lse_view<memory_space::device>& lse,
-                  std::int32_t q_heads, std::int32_t q_len, std::uint32_t* d_status, cudaStream_t stream) {
-  const dim3 grid(Mode == observe_mode::admit ? 1u : static_cast<unsigned>(q_heads), static_cast<unsigned>(seqs.batch));
-  observe_check_kernel<Mode><<<grid, slot_traits::threads, 0, stream>>>(seqs, state, probs, lse, q_len, d_status);
+                  const query_rows& counts, const probability_view<memory_space::device>& probs,
+                  const query_rows& lse_rows, const lse_view<memory_space::device>& lse, std::int32_t head_dim,
+                  cudaStream_t stream) {
+  const unsigned heads = Mode == observe_mode::admit ? 1u : static_cast<unsigned>(counts.q_heads);
+  const dim3 grid(heads, static_cast<unsigned>(seqs.batch));
+  observe_check_kernel<Mode><<<grid, slot_traits::threads, 0, stream>>>(seqs, state, counts, probs, lse_rows, lse,
+                                                                        head_dim);
 }
 
 template <bool Attention>
 void launch_finalize(const sequence_table& seqs, const eviction_state<memory_space::device>& state,
-                     std::int32_t q_len, const std::uint32_t* d_status, cudaStream_t stream) {
+                     const query_rows& counts, cudaStream_t stream) {
   constexpr int threads = 256;
-  finalize_kernel<Attention><<<(seqs.batch + threads - 1) / threads, threads, 0, stream>>>(seqs, state, q_len,
-                                                                                          d_status);
+  finalize_kernel<Attention><<<(seqs.batch + threads - 1) / threads, threads, 0, stream>>>(seqs, state, counts);
 }
 
 template <class Policy, class View>
 cudaError_t dispatch_admit(const Policy& policy, const View& cache, const eviction_state<memory_space::device>& state,
-                           std::uint32_t* d_status, cudaStream_t stream) {
+                           cudaStream_t stream) {
   using T = typename View::element_type;
   const sequence_table seqs = make_sequence_table(cache);
-  launch_check<observe_mode::admit>(seqs, state, {}, {}, 0, 0, d_status, stream);
+  launch_check<observe_mode::admit>(seqs, state, {}, {}, {}, {}, 0, stream);
   admit_kernel<typename Policy::observation, T>
-      <<<slot_grid(cache.max_capacity(), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
-          policy.config, seqs, make_row_table<T>(cache), cache.head_dim, state, d_status);
-  launch_finalize<false>(seqs, state, 0, d_status, stream);
+      <<<slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
+          policy.config, seqs, make_row_table<T>(cache), cache.head_dim, state);
+  launch_finalize<false>(seqs, state, {}, stream);
   return cudaGetLastError();
 }
 
@@ -79,10 +87,9 @@ template <class Policy, class T, class Q, int HeadDim>
 void launch_queries(const Policy& policy, const sequence_table& seqs, const row_table<T>& rows,
                     std::int32_t head_dim, const eviction_state<memory_space::device>& state,
                     const query_view<Q, memory_space::device>& queries, const lse_view<memory_space::device>& lse,
-                    float scale, dim3 grid, std::int32_t chunk, std::size_t smem, const std::uint32_t* d_status,
-                    cudaStream_t stream) {
+                    float scale, dim3 grid, std::int32_t chunk, std::size_t smem, cudaStream_t stream) {
   observe_queries_kernel<Policy, T, Q, HeadDim><<<grid, qk_traits<T, HeadDim>::threads, smem, stream>>>(
-      policy, seqs, rows, head_dim, state, queries, lse, scale, chunk, d_status);
+      policy, seqs, rows, head_dim, state, queries, lse, scale, chunk);
 }
 
 }  // namespace detail
@@ -93,55 +100,56 @@ void launch_queries(const Policy& policy, const sequence_table& seqs, const row_
 template <class Policy, class View>
   requires composed_policy<Policy>
 cudaError_t admit(const Policy& policy, View cache, eviction_state<memory_space::device> state,
-                  std::uint32_t* d_status, cudaStream_t stream = 0) {
-  detail::validate_common("cuda::admit", policy, cache, state, d_status);
-  return detail::dispatch_admit(policy, cache, state, d_status, stream);
+                  cudaStream_t stream = 0) {
+  detail::validate_common("cuda::admit", policy, cache, state);
+  return detail::dispatch_admit(policy, cache, state, stream);
 }
 
 // Admits new tokens, then records this step's attention probabilities
-// (GQA-combined per KV head, causal for q_len > 1). Bit-identical to
-// host::observe_probabilities.
+// (GQA-combined per KV head, causal for several queries; uniform or ragged
+// view). Bit-identical to host::observe_probabilities.
 template <class Policy, class View>
   requires composed_policy<Policy>
 cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::device> state,
-                                  probability_view<memory_space::device> probs, std::uint32_t* d_status,
-                                  cudaStream_t stream = 0) {
+                                  probability_view<memory_space::device> probs, cudaStream_t stream = 0) {
   const char* fn = "cuda::observe_probabilities";
-  detail::validate_common(fn, policy, cache, state, d_status);
+  detail::validate_common(fn, policy, cache, state);
   if constexpr (!Policy::observation::needs_attention) {
-    return detail::dispatch_admit(policy, cache, state, d_status, stream);
+    return detail::dispatch_admit(policy, cache, state, stream);
   } else {
     detail::validate_probabilities(fn, cache, probs);
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
-    detail::launch_check<detail::observe_mode::probabilities>(seqs, state, probs, {}, probs.q_heads, probs.q_len,
-                                                              d_status, stream);
+    const detail::query_rows counts = detail::make_query_rows(probs, probs.q_heads, probs.data.size());
+    detail::launch_check<detail::observe_mode::probabilities>(seqs, state, counts, probs, {}, {}, 0, stream);
     detail::observe_probabilities_kernel<Policy>
-        <<<detail::slot_grid(cache.max_capacity(), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
-            policy, seqs, state, probs, d_status);
-    detail::launch_finalize<true>(seqs, state, probs.q_len, d_status, stream);
+        <<<detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0,
+           stream>>>(policy, seqs, state, probs);
+    detail::launch_finalize<true>(seqs, state, counts, stream);
     return cudaGetLastError();
   }
 }
 
 // Admits new tokens, then recomputes this step's probabilities from the
 // queries (after RoPE) and the cached keys and records them: with `lse`
-// (natural or base 2, as the attention kernel returned it) in one read of
-// K; without, with a normaliser of its own (two reads). softmax_scale
-// multiplies q.k (1/sqrt(head_dim) when 0). Prefill: pass the last w queries
-// (q_len = w), causal. Scores match host::observe_queries within float
-// rounding (the dot products are summed in another order).
+// (natural or base 2, head-major or token-major, as the attention kernel
+// returned it) in one read of K; without, with a normaliser of its own (two
+// reads). softmax_scale multiplies q.k (1/sqrt(head_dim) when 0). A ragged
+// `queries` needs a ragged `lse` over the same qo_indptr array. Prefill:
+// pass the last w queries of each sequence, causal. Scores match
+// host::observe_queries within float rounding (the dot products are summed
+// in another order).
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<memory_space::device> state,
-                            query_view<Q, memory_space::device> queries, lse_view<memory_space::device> lse,
-                            float softmax_scale, std::uint32_t* d_status, cudaStream_t stream = 0) {
+                            query_view<Q, memory_space::device> queries, lse_view<memory_space::device> lse = {},
+                            float softmax_scale = 0.0f, cudaStream_t stream = 0) {
   using T = typename View::element_type;
   static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
   static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
   const char* fn = "cuda::observe_queries";
-  detail::validate_common(fn, policy, cache, state, d_status);
+  detail::validate_common(fn, policy, cache, state);
   if constexpr (!Policy::observation::needs_attention) {
-    return detail::dispatch_admit(policy, cache, state, d_status, stream);
+    return detail::dispatch_admit(policy, cache, state, stream);
   } else {
     detail::validate_queries(fn, cache, queries, lse, softmax_scale);
     const std::int32_t group = queries.q_heads / cache.kv_heads;
@@ -152,37 +160,41 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
     const detail::row_table<T> rows = detail::make_row_table<T>(cache);
-    detail::launch_check<detail::observe_mode::queries>(seqs, state, {}, lse, queries.q_heads, queries.q_len,
-                                                        d_status, stream);
+    const detail::query_rows counts = detail::make_query_rows(queries, queries.q_heads, queries.data.size());
+    const detail::query_rows lse_rows = detail::make_query_rows(lse, counts);
+    detail::launch_check<detail::observe_mode::queries>(seqs, state, counts, {}, lse_rows, lse, cache.head_dim,
+                                                        stream);
     // With the log-sum-exp, slots are split in chunks sized for about a
     // thousand blocks; without, a block per head computes the normaliser.
-    std::int32_t chunk = cache.max_capacity();
+    // Sized by the longest a sequence can be (the host cannot read lengths).
+    const std::int32_t slots = detail::max_slots(cache, state);
+    std::int32_t chunk = slots;
     unsigned chunks = 1;
     if (lse.present()) {
-      const std::int64_t slots = std::int64_t{cache.max_capacity()} * cache.kv_heads * cache.batch;
+      const std::int64_t total = std::int64_t{slots} * cache.kv_heads * cache.batch;
       chunk = 256;
-      while (chunk < 4096 && slots / chunk > 1024) chunk *= 2;
-      chunks = static_cast<unsigned>((cache.max_capacity() + chunk - 1) / chunk);
+      while (chunk < 4096 && total / chunk > 1024) chunk *= 2;
+      chunks = static_cast<unsigned>((slots + chunk - 1) / chunk);
     }
     const dim3 grid(chunks, static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     const bool vectorised = detail::row_alignment(rows, cache.head_dim, false) >= 16;
     if (!vectorised)
       detail::launch_queries<Policy, T, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                               chunk, smem, d_status, stream);
+                                               chunk, smem, stream);
     else if (cache.head_dim == 64)
       detail::launch_queries<Policy, T, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                               chunk, smem, d_status, stream);
+                                               chunk, smem, stream);
     else if (cache.head_dim == 128)
       detail::launch_queries<Policy, T, Q, 128>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                                chunk, smem, d_status, stream);
+                                                chunk, smem, stream);
     else if (cache.head_dim == 256)
       detail::launch_queries<Policy, T, Q, 256>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                                chunk, smem, d_status, stream);
+                                                chunk, smem, stream);
     else
       detail::launch_queries<Policy, T, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                              chunk, smem, d_status, stream);
-    detail::launch_finalize<true>(seqs, state, queries.q_len, d_status, stream);
+                                              chunk, smem, stream);
+    detail::launch_finalize<true>(seqs, state, counts, stream);
     return cudaGetLastError();
   }
 }

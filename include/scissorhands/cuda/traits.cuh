@@ -78,4 +78,12 @@ struct compact_traits {
   static_assert(stage_bytes % 16 == 0 && threads % 32 == 0);
 };
 
+// shrink_page_table: one block walks the whole table (once per step, after
+// the last layer), `items` page ids per thread per round.
+struct page_table_traits {
+  static constexpr int threads = 256;
+  static constexpr int items = 4;
+  static_assert(threads % 32 == 0);
+};
+
 }  // namespace scissorhands::cuda

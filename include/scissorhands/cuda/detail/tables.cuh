@@ -2,9 +2,10 @@
 // What the kernels see of a cache view. Both view kinds (contiguous and
 // paged) reduce to two plain structs passed by value:
 //
-//   sequence_table  lengths and the page table, no element type: the select,
-//                   check and bookkeeping kernels compile once for both
-//                   views and every dtype.
+//   sequence_table  lengths and the page table (read only: the library never
+//                   writes them), no element type: the select, check and
+//                   bookkeeping kernels compile once for both views and
+//                   every dtype.
 //   row_table<T>    where the K and V rows are; row_table<std::byte> holds
 //                   byte strides, so compaction compiles once for all dtypes.
 //
@@ -24,39 +25,34 @@ struct sequence_table {
   std::int32_t batch = 0;
   bool paged = false;
   // contiguous views
-  std::int32_t* lengths = nullptr;
+  const std::int32_t* lengths = nullptr;
   std::int32_t capacity = 0;
   // paged views
   const std::int32_t* indptr = nullptr;
   const std::int32_t* indices = nullptr;
   std::int64_t indices_size = 0;
-  std::int32_t* last_page_len = nullptr;
+  const std::int32_t* last_page_len = nullptr;
   std::int32_t page_size = 0;
   std::int32_t num_pages = 0;
   std::int32_t max_pages = 0;
 
-  __device__ std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
+  __device__ std::int32_t pages_of(std::int32_t b) const { return paged ? indptr[b + 1] - indptr[b] : 0; }
   __device__ std::int32_t length(std::int32_t b) const {
     if (!paged) return lengths[b];
     const std::int32_t pages = pages_of(b);
     return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
   }
-  // Sets a sequence's length after compaction; returns the trailing pages
-  // it no longer uses (same arithmetic as paged_kv_view::shrink).
-  __device__ std::int32_t shrink(std::int32_t b, std::int32_t new_length) const {
-    if (!paged) {
-      lengths[b] = new_length;
-      return 0;
-    }
-    const std::int32_t kept = (new_length + page_size - 1) / page_size;
-    last_page_len[b] = kept == 0 ? 0 : new_length - (kept - 1) * page_size;
-    return pages_of(b) - kept;
+  // Pages a sequence of `length` tokens occupies (paged_kv_view::pages_for).
+  __device__ std::int32_t pages_for(std::int32_t length) const {
+    if (!paged) return 0;
+    return static_cast<std::int32_t>((std::int64_t{length} + page_size - 1) / page_size);
   }
 
   // The checks host::detail::validate_page_table and validate_common make on
   // sequence b's entries, done by the whole block (page ids in parallel).
-  // Returns status bits; `length` is only meaningful when they are zero.
-  __device__ std::uint32_t check_sequence(std::int32_t b, std::int32_t& length) const {
+  // Returns the bits of sequence b; `batch_bits` gets what concerns the whole
+  // table (indptr[0] != 0). `length` is only meaningful when both are zero.
+  __device__ std::uint32_t check_sequence(std::int32_t b, std::int32_t& length, std::uint32_t& batch_bits) const {
     std::uint32_t bits = 0;
     length = 0;
     if (!paged) {
@@ -65,15 +61,17 @@ struct sequence_table {
       return bits;
     }
     const std::int32_t begin = indptr[b], end = indptr[b + 1];
-    if (b == 0 && begin != 0) bits |= status_page_table;
-    if (begin < 0 || end < begin || end - begin > max_pages || std::int64_t{end} > indices_size)
+    if (b == 0 && begin != 0) batch_bits |= status_page_table;
+    // In 64 bits: garbage entries must not overflow.
+    const std::int64_t pages = std::int64_t{end} - begin;
+    if (begin < 0 || pages < 0 || pages > max_pages || std::int64_t{end} > indices_size)
       return bits | status_page_table;
     const std::int32_t last = last_page_len[b];
-    if (end == begin ? last != 0 : (last < 1 || last > page_size)) return bits | status_page_table;
+    if (pages == 0 ? last != 0 : (last < 1 || last > page_size)) return bits | status_page_table;
     for (std::int32_t i = begin + static_cast<std::int32_t>(threadIdx.x); i < end;
          i += static_cast<std::int32_t>(blockDim.x))
       if (indices[i] < 0 || indices[i] >= num_pages) bits |= status_page_table;
-    length = end == begin ? 0 : (end - begin - 1) * page_size + last;
+    length = pages == 0 ? 0 : static_cast<std::int32_t>(pages - 1) * page_size + last;
     return bits;
   }
 };

@@ -2,13 +2,15 @@
 // Host-side validation of the CUDA entry points' arguments: everything that
 // needs no device memory, with the shared detail::validate_* helpers, so the
 // messages and the thrown type are the host backend's. What needs device
-// data is checked on the device (see status.cuh).
+// data (lengths, page table, state rows and counters, qo_indptr, values) is
+// checked on the device (see status.cuh).
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
 
 #include "../../attention_view.hpp"
+#include "../../compress_output.hpp"
 #include "../../detail/validate.hpp"
 #include "../../host/observe.hpp"  // max_group_size, reach
 #include "../../kv_view.hpp"
@@ -31,74 +33,97 @@ void validate_cache(const char* fn, const paged_kv_view<T, memory_space::device>
           "must not be null when it holds entries");
 }
 
+// Slots a sequence can hold at a call: the cache's capacity, and at most the
+// state's (a longer sequence is a device error). Grids are sized by it.
+template <class View>
+std::int32_t max_slots(const View& cache, const eviction_state<memory_space::device>& state) {
+  const std::int32_t c = cache.max_capacity();
+  return c < state.shape.capacity ? c : state.shape.capacity;
+}
+
 template <class Policy, class View>
 void validate_common(const char* fn, const Policy& policy, const View& cache,
-                     const eviction_state<memory_space::device>& state, const std::uint32_t* d_status) {
+                     const eviction_state<memory_space::device>& state) {
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
   validate_cache(fn, cache);
   validate_settings(fn, policy);
   validate_state_matches(fn, policy, cache, state);
-  require(d_status != nullptr, fn, "d_status", "must point to a device word (see cuda/status.cuh)");
+  require(state.status != nullptr, fn, "state", "has no status words: build it with make_state");
   require(cache.batch <= max_grid_yz, fn, "cache.batch", "must be at most ", max_grid_yz,
           " for the CUDA backend, got ", cache.batch);
   require(cache.kv_heads <= max_grid_yz, fn, "cache.kv_heads", "must be at most ", max_grid_yz,
           " for the CUDA backend, got ", cache.kv_heads);
 }
 
-// The shape part of host::detail::validate_queries_shape; q_len <= length
-// is a device check (status_query_length).
-template <class View>
-void validate_queries_shape(const char* fn, const View& cache, std::int32_t q_heads, std::int32_t q_len) {
-  require(q_heads > 0, fn, "q_heads", "must be positive, got ", q_heads);
-  require(q_heads % cache.kv_heads == 0, fn, "q_heads", "must be a multiple of cache.kv_heads = ", cache.kv_heads,
-          " (GQA group size), got ", q_heads);
-  require(q_heads / cache.kv_heads <= host::max_group_size, fn, "q_heads", "/ kv_heads must be at most ",
-          host::max_group_size, ", got ", q_heads / cache.kv_heads);
-  require(q_len > 0, fn, "q_len", "must be positive, got ", q_len);
-  require(q_len <= cache.max_capacity(), fn, "q_len", "must not exceed the cache's capacity ",
-          cache.max_capacity(), ": each query is a cached token, got ", q_len);
+// The part of host::detail::validate_query_counts that needs no device data:
+// query heads, and qo_indptr's size (its values are checked on the device:
+// status_qo_indptr, status_query_length) or a non-negative uniform q_len
+// (q_len <= length is status_query_length).
+template <class View, class Queries>
+void validate_query_counts(const char* fn, const View& cache, const Queries& view) {
+  require(view.q_heads > 0, fn, "q_heads", "must be positive, got ", view.q_heads);
+  require(view.q_heads % cache.kv_heads == 0, fn, "q_heads", "must be a multiple of cache.kv_heads = ",
+          cache.kv_heads, " (GQA group size), got ", view.q_heads);
+  require(view.q_heads / cache.kv_heads <= host::max_group_size, fn, "q_heads", "/ kv_heads must be at most ",
+          host::max_group_size, ", got ", view.q_heads / cache.kv_heads);
+  if (view.ragged())
+    require(view.qo_indptr.size() == static_cast<std::size_t>(cache.batch) + 1, fn, "qo_indptr",
+            "must hold batch + 1 = ", std::int64_t{cache.batch} + 1, " entries, got ", view.qo_indptr.size());
+  else
+    require(view.q_len >= 0, fn, "q_len", "must be non-negative, got ", view.q_len);
+}
+
+// A uniform view's reach is known on the host (`row` elements per row; the
+// probabilities' real row length is checked on the device); a ragged
+// view's depends on qo_indptr and is checked on the device
+// (status_view_extent). Either way a null pointer must come with size 0.
+template <class Data, class Queries>
+void validate_reach(const char* fn, const char* name, const Data& data, const Queries& view,
+                    std::int64_t sequence_stride, std::int64_t head_stride, std::int64_t query_stride,
+                    std::int32_t batch, std::int64_t row) {
+  require(data.data() != nullptr || data.empty(), fn, name, "must not be null when its size is ", data.size());
+  if (view.ragged()) return;
+  const std::int64_t need = host::detail::reach(view, sequence_stride, head_stride, query_stride, batch, row);
+  require(need == 0 || data.data() != nullptr, fn, name, "must not be null");
+  require(static_cast<std::uint64_t>(need) <= data.size(), fn, name, "holds ", data.size(),
+          " values but the view reaches ", need);
 }
 
 template <class View>
 void validate_probabilities(const char* fn, const View& cache, const probability_view<memory_space::device>& probs) {
-  validate_queries_shape(fn, cache, probs.q_heads, probs.q_len);
-  require(probs.data.data() != nullptr, fn, "probs.data", "must not be null");
+  validate_query_counts(fn, cache, probs);
   for (std::int64_t s : std::initializer_list<std::int64_t>{probs.sequence_stride, probs.head_stride,
                                                             probs.query_stride})
     require(s >= 0, fn, "probs strides", "must be non-negative, got ", s);
-  // With at least one column; the extent for the actual lengths is a device
-  // check (status_view_extent).
-  const std::int64_t need = host::detail::reach(probs.sequence_stride, cache.batch, probs.head_stride, probs.q_heads,
-                                                probs.query_stride, probs.q_len, 1);
-  require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ", probs.data.size(),
-          " values but the view reaches ", need);
+  // With one column: the rows' real length is the sequence's, a device check.
+  validate_reach(fn, "probs.data", probs.data, probs, probs.sequence_stride, probs.head_stride, probs.query_stride,
+                 cache.batch, 1);
 }
 
 template <class View, class Q>
 void validate_queries(const char* fn, const View& cache, const query_view<Q, memory_space::device>& queries,
                       const lse_view<memory_space::device>& lse, float softmax_scale) {
-  validate_queries_shape(fn, cache, queries.q_heads, queries.q_len);
+  validate_query_counts(fn, cache, queries);
   const std::int32_t d = cache.head_dim;
   require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
           queries.head_dim);
-  require(queries.data.data() != nullptr, fn, "queries.data", "must not be null");
   for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
                                                             queries.query_stride})
     require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
-  const std::int64_t need = host::detail::reach(queries.sequence_stride, cache.batch, queries.head_stride,
-                                                queries.q_heads, queries.query_stride, queries.q_len, d);
-  require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ", queries.data.size(),
-          " values but the view reaches ", need);
+  validate_reach(fn, "queries.data", queries.data, queries, queries.sequence_stride, queries.head_stride,
+                 queries.query_stride, cache.batch, d);
   require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
           "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+  // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
+  require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ", lse.data.size());
   if (lse.present()) {
+    require(lse.qo_indptr.data() == queries.qo_indptr.data() && lse.qo_indptr.size() == queries.qo_indptr.size(),
+            fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
     for (std::int64_t s : std::initializer_list<std::int64_t>{lse.sequence_stride, lse.head_stride,
                                                               lse.query_stride})
       require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
-    const std::int64_t lneed = host::detail::reach(lse.sequence_stride, cache.batch, lse.head_stride,
-                                                   queries.q_heads, lse.query_stride, queries.q_len, 1);
-    require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
-            " values but the view reaches ", lneed);
+    validate_reach(fn, "lse.data", lse.data, queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
+                   cache.batch, 1);
     require(lse.base == lse_base::natural || lse.base == lse_base::base2, fn, "lse.base",
             "must be natural or base2, got ", static_cast<int>(lse.base));
   }

@@ -1,7 +1,7 @@
 #pragma once
 // Check kernels: the data-dependent part of the host backend's validation,
 // run before any kernel that writes (see status.cuh). They only read, and OR
-// status bits into the caller's status word.
+// status bits into the status words of the state's rows.
 #include <cstdint>
 
 #include "../../attention_view.hpp"
@@ -13,84 +13,204 @@
 
 namespace scissorhands::cuda::detail {
 
-struct sequence_scalars {
-  std::int32_t length = 0;
-  std::int32_t tracked = 0;
-  std::int32_t next_position = 0;
+// Where the rows of a probability, query or log-sum-exp view are, without
+// their element type, so one check kernel serves every view. Ragged views
+// read qo_indptr on the device.
+struct query_rows {
+  const std::int32_t* qo_indptr = nullptr;  // [batch + 1] when ragged
+  std::int32_t q_len = 0;                   // uniform views
+  std::int32_t q_heads = 0;
+  std::int64_t sequence_stride = 0, head_stride = 0, query_stride = 0;
+  std::uint64_t size = 0;  // elements in the view's span
+
+  __device__ bool ragged() const { return qo_indptr != nullptr; }
+  __device__ std::int32_t queries_of(std::int32_t b) const {
+    return ragged() ? qo_indptr[b + 1] - qo_indptr[b] : q_len;
+  }
+  // One past the last element that the rows of sequence b's first q
+  // queries reach, rows of `row` elements (strides are non-negative, so the
+  // last query of the last head reaches furthest).
+  __device__ std::int64_t reach(std::int32_t b, std::int32_t q, std::int64_t row) const {
+    const span<const std::int32_t, memory_space::device> indptr(qo_indptr, qo_indptr ? 1 : 0);
+    return scissorhands::detail::query_offset(indptr, sequence_stride, head_stride, query_stride, b, q_heads - 1,
+                                              q - 1) +
+           row;
+  }
 };
 
-// host::detail::validate_common's checks of sequence b (page table, length,
-// tracked, next_position), by the whole block; every thread gets the bits.
-__device__ inline std::uint32_t check_sequence(const sequence_table& seqs,
-                                               const eviction_state<memory_space::device>& state, std::int32_t b,
-                                               sequence_scalars& out) {
-  std::uint32_t bits = seqs.check_sequence(b, out.length);
-  out.tracked = state.tracked[b];
-  out.next_position = state.next_position[b];
-  if (!(bits & (status_page_table | status_length))) {
-    if (out.tracked < 0 || out.tracked > out.length)
-      bits |= status_tracked;
-    else if (out.next_position < 0 ||
-             std::int64_t{out.next_position} + (out.length - out.tracked) > std::int64_t{INT32_MAX})
-      bits |= status_position_overflow;
+template <class View>
+query_rows make_query_rows(const View& view, std::int32_t q_heads, std::uint64_t size) {
+  query_rows r;
+  r.qo_indptr = view.qo_indptr.data();
+  r.q_len = r.qo_indptr != nullptr ? 0 : view.q_len;
+  r.q_heads = q_heads;
+  r.sequence_stride = view.sequence_stride;
+  r.head_stride = view.head_stride;
+  r.query_stride = view.query_stride;
+  r.size = size;
+  return r;
+}
+// The log-sum-exp view has no q_len of its own: the queries' counts.
+inline query_rows make_query_rows(const lse_view<memory_space::device>& lse, const query_rows& queries) {
+  query_rows r = queries;
+  r.sequence_stride = lse.sequence_stride;
+  r.head_stride = lse.head_stride;
+  r.query_stride = lse.query_stride;
+  r.size = lse.data.size();
+  return r;
+}
+
+// The state row the work kernels may write for batch position b, or -1: a
+// padding slot, a row out of range (the check kernel flagged the batch), or
+// a row whose status word is non-zero. Uniform over a block.
+__device__ inline std::int32_t live_row(const eviction_state<memory_space::device>& state, std::int32_t b) {
+  const std::int32_t r = state.row(b);
+  if (r < 0 || r >= state.shape.rows) return -1;
+  return state.status[r] == 0 ? r : -1;
+}
+
+// Everything the check of one sequence found, the same in every thread.
+struct sequence_check {
+  std::int32_t row = -1;  // the state row; meaningful when row_ok
+  bool row_ok = false;    // row in [0, rows): its counters were read and it can be flagged
+  std::int32_t length = 0, tracked = 0, next_position = 0;
+  std::int32_t queries = 0;  // queries_of(b), when checked and sane
+  std::uint32_t own = 0;     // bits for the sequence's row
+  std::uint32_t batch = 0;   // bits for every row of the batch
+};
+
+// host::detail::validate_common's and validate_rows' checks of sequence b
+// (page table, length, its state row, tracked, next_position, step), by the
+// whole block. `scan_rows`: also look for another batch position using the
+// same row (O(batch), done by one block per sequence).
+__device__ inline sequence_check check_sequence(const sequence_table& seqs,
+                                                const eviction_state<memory_space::device>& state, std::int32_t b,
+                                                bool scan_rows) {
+  sequence_check c;
+  std::uint32_t batch_bits = 0;
+  std::uint32_t own = block::block_or(seqs.check_sequence(b, c.length, batch_bits));
+  const std::int32_t r = state.row(b);
+  if (r < -1 || r >= state.shape.rows) {
+    batch_bits |= status_state_rows | own;
+    own = 0;
+  } else if (r == -1) {
+    // A padding slot must hold no token; whatever is wrong with it cannot
+    // be pinned on a row.
+    batch_bits |= own;
+    if (own == 0 && c.length != 0) batch_bits |= status_state_rows;
+    own = 0;
+  } else {
+    c.row = r;
+    c.row_ok = true;
+    if (scan_rows && state.state_rows.data() != nullptr) {
+      std::uint32_t twice = 0;
+      for (std::int32_t o = threadIdx.x; o < seqs.batch; o += blockDim.x)
+        if (o != b && state.state_rows[o] == r) twice = status_state_rows;
+      batch_bits |= block::block_or(twice);
+    }
+    c.tracked = state.tracked[r];
+    c.next_position = state.next_position[r];
+    const std::int64_t step = state.step[r];
+    if (step < 0 || step > (std::int64_t{1} << 62)) own |= status_step;
+    if (!(own & (status_page_table | status_length))) {
+      if (c.length > state.shape.capacity) own |= status_state_capacity;
+      if (c.tracked < 0 || c.tracked > c.length)
+        own |= status_tracked;
+      else if (c.next_position < 0 ||
+               std::int64_t{c.next_position} + (c.length - c.tracked) > std::int64_t{INT32_MAX})
+        own |= status_position_overflow;
+    }
   }
-  return block::block_or(bits);
+  c.own = own;
+  c.batch = batch_bits;
+  return c;
+}
+
+// host::detail::validate_query_counts for sequence b: qo_indptr sane at b,
+// and no more queries than tokens (unless the sequence holds none).
+__device__ inline void check_queries(const query_rows& counts, std::int32_t b, sequence_check& c) {
+  std::int64_t q = counts.q_len;
+  if (counts.ragged()) {
+    const std::int32_t start = counts.qo_indptr[b];
+    q = std::int64_t{counts.qo_indptr[b + 1]} - start;
+    if (b == 0 && start < 0) c.batch |= status_qo_indptr;
+    if (start < 0 || q < 0) {
+      c.own |= status_qo_indptr;
+      q = 0;
+    }
+  }
+  if (c.length != 0 && q > c.length) c.own |= status_query_length;
+  c.queries = static_cast<std::int32_t>(q);
+  if (!c.row_ok) {  // a padding slot's (or a bad row's) problems belong to the batch
+    c.batch |= c.own;
+    c.own = 0;
+  }
+}
+
+// ORs `bits` into the status word of every row of the batch (rows outside
+// [0, rows) are never written). All threads of the block.
+__device__ inline void flag_batch(const eviction_state<memory_space::device>& state, std::int32_t batch,
+                                  std::uint32_t bits) {
+  for (std::int32_t b = threadIdx.x; b < batch; b += blockDim.x) {
+    const std::int32_t r = state.row(b);
+    if (r >= 0 && r < state.shape.rows) atomicOr(&state.status[r], bits);
+  }
+}
+
+// Reports the (block-uniform) bits of a check. All threads of the block.
+__device__ inline void report(const eviction_state<memory_space::device>& state, std::int32_t batch,
+                              const sequence_check& c, std::uint32_t own, std::uint32_t batch_bits) {
+  if (threadIdx.x == 0 && own != 0 && c.row_ok) atomicOr(&state.status[c.row], own);
+  if (batch_bits != 0) flag_batch(state, batch, batch_bits);
 }
 
 enum class observe_mode { admit, probabilities, queries };
 
 // Grid (q_heads, batch) for the attention modes, (1, batch) for admit.
-// Block (qh, b) checks sequence b's scalars (reported by qh == 0) and the
-// probabilities or log-sum-exp values of query head qh.
+// Block (qh, b) checks sequence b (reported by qh == 0) and the
+// probabilities, or the log-sum-exp values and the ragged extents, of query
+// head qh. `counts` are the queries' (probabilities: the probability view's).
 template <observe_mode Mode>
 __global__ void __launch_bounds__(slot_traits::threads)
-    observe_check_kernel(sequence_table seqs, eviction_state<memory_space::device> state,
-                         probability_view<memory_space::device> probs, lse_view<memory_space::device> lse,
-                         std::int32_t q_len, std::uint32_t* d_status) {
+    observe_check_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts,
+                         probability_view<memory_space::device> probs, query_rows lse_rows,
+                         lse_view<memory_space::device> lse, std::int32_t head_dim) {
   const auto b = static_cast<std::int32_t>(blockIdx.y);
   const auto qh = static_cast<std::int32_t>(blockIdx.x);
-  sequence_scalars seq;
-  std::uint32_t bits = check_sequence(seqs, state, b, seq);
-  if (Mode != observe_mode::admit && bits == 0 && q_len > seq.length) bits |= status_query_length;
-  std::uint32_t report = qh == 0 ? bits : 0;
-  if (bits == 0) {
+  sequence_check c = check_sequence(seqs, state, b, qh == 0);
+  if constexpr (Mode != observe_mode::admit) check_queries(counts, b, c);
+  std::uint32_t values = 0;
+  const std::int32_t q = c.queries, len = c.length;
+  if (Mode != observe_mode::admit && c.own == 0 && c.batch == 0 && c.row_ok && len > 0 && q > 0) {
     if constexpr (Mode == observe_mode::probabilities) {
-      // The host's extent rule, with the longest sequence of the batch.
-      if (b == 0 && qh == 0) {
-        std::int32_t longest = 0;
-        for (std::int32_t s = threadIdx.x; s < seqs.batch; s += blockDim.x) {
-          const std::int32_t l = seqs.length(s);
-          longest = l > longest ? l : longest;
-        }
-        longest = block::block_max(longest);
-        const std::int64_t reach = std::int64_t{seqs.batch - 1} * probs.sequence_stride +
-                                   std::int64_t{probs.q_heads - 1} * probs.head_stride +
-                                   std::int64_t{q_len - 1} * probs.query_stride + longest;
-        if (reach > static_cast<std::int64_t>(probs.data.size())) report |= status_view_extent;
-      }
-      // Never read past the span, whatever the other sequences say.
-      const std::int64_t last = std::int64_t{b} * probs.sequence_stride + std::int64_t{qh} * probs.head_stride +
-                                std::int64_t{q_len - 1} * probs.query_stride + seq.length;
-      if (last > static_cast<std::int64_t>(probs.data.size())) {
-        report |= status_view_extent;
+      // Never read past the span: this sequence's rows hold `len` columns.
+      if (counts.reach(b, q, len) > static_cast<std::int64_t>(counts.size)) {
+        values |= status_view_extent;
       } else {
-        for (std::int32_t j = 0; j < q_len; ++j) {
+        for (std::int32_t j = 0; j < q; ++j) {
           const float* row = probs.row(b, qh, j);
-          const std::int32_t visible = seq.length - q_len + j + 1;
+          const std::int32_t visible = len - q + j + 1;
           for (std::int32_t t = threadIdx.x; t < visible; t += blockDim.x) {
             const float p = row[t];
-            if (!(p >= 0.0f && p <= 1.001f)) report |= status_probability;  // NaN fails too
+            if (!(p >= 0.0f && p <= 1.001f)) values |= status_probability;  // NaN fails too
           }
         }
       }
     } else if constexpr (Mode == observe_mode::queries) {
-      if (lse.present())
-        for (std::int32_t j = threadIdx.x; j < q_len; j += blockDim.x)
-          if (!isfinite(lse.natural(b, qh, j))) report |= status_lse;
+      // Uniform views were bounded on the host; ragged ones only now.
+      if (counts.ragged() && counts.reach(b, q, head_dim) > static_cast<std::int64_t>(counts.size))
+        values |= status_view_extent;
+      if (lse.present()) {
+        if (lse_rows.ragged() && lse_rows.reach(b, q, 1) > static_cast<std::int64_t>(lse_rows.size))
+          values |= status_view_extent;
+        else
+          for (std::int32_t j = threadIdx.x; j < q; j += blockDim.x)
+            if (!isfinite(lse.natural(b, qh, j))) values |= status_lse;
+      }
     }
   }
-  report = block::block_or(report);
-  if (threadIdx.x == 0 && report != 0) atomicOr(d_status, report);
+  values = block::block_or(values);
+  report(state, seqs.batch, c, (qh == 0 ? c.own : 0u) | values, qh == 0 ? c.batch : 0u);
 }
 
 }  // namespace scissorhands::cuda::detail

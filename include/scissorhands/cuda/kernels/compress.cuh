@@ -2,27 +2,28 @@
 // compress: two kernels per call, one block per (sequence, KV head) each.
 //
 //   select_kernel   checks the sequence (the host's validate_common and
-//                   compress checks), decides on the device whether it
+//                   compress checks; bits go to its row's status word),
+//                   records its length, decides on the device whether it
 //                   triggers (length >= budget), selects the e = length -
 //                   budget + m lowest eviction keys among unprotected slots
 //                   and writes their slots, ascending, to the workspace. It
-//                   writes nothing the caller owns except the status word.
-//   compact_kernel  runs only if the status word is still zero (so a launch
-//                   with bad data changes nothing) and moves K, V and state;
-//                   block (b, 0) then sets the sequence's length, tracked
-//                   count and freed pages.
+//                   writes nothing the caller owns except status words.
+//   compact_kernel  writes every sequence's compress_output, then moves K, V
+//                   and state of the sequences whose row is live (status
+//                   word still zero: a sequence with bad data changes
+//                   nothing) and sets their tracked count.
 //
-// Why two: every block must see the sequence's length as it was before the
-// call, and the call must be all-or-nothing. Within one kernel a block of
-// head 5 may start after head 0's block has finished and shrunk the length;
-// across the kernel boundary that cannot happen. The compaction kernel
-// reads the old length from the workspace, never from the cache.
+// Why two: a sequence is all-or-nothing, and every head's block must know
+// whether any check of the sequence failed before it moves a row; across
+// the kernel boundary every status bit of the select kernel is visible.
+// The compaction kernel reads the length from the workspace.
 #include <cstddef>
 #include <cstdint>
 
 #include <cub/block/block_reduce.cuh>
 
 #include "../../detail/eviction_key.hpp"
+#include "../../compress_output.hpp"
 #include "../../eviction_state.hpp"
 #include "../../policy/eviction_policy.hpp"
 #include "../block/collectives.cuh"
@@ -35,7 +36,8 @@
 namespace scissorhands::cuda::detail {
 
 // The workspace: the length each sequence had at the start of the call, and
-// per (sequence, head) the list of evicted slots (max_evict entries).
+// per (sequence, head) the list of evicted slots (max_evict entries: the
+// most a sequence within min(cache capacity, state capacity) evicts).
 struct compress_workspace {
   std::int32_t* lengths = nullptr;  // [batch]
   std::int32_t* evicted = nullptr;  // [batch][kv_heads][max_evict]
@@ -92,27 +94,30 @@ struct key_in_tile {
 template <class Protector>
 __global__ void __launch_bounds__(select_traits::threads)
     select_kernel(settings cfg, sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t budget,
-                  compress_workspace ws, std::uint32_t* d_status) {
+                  compress_workspace ws) {
   using traits = select_traits;
   __shared__ std::uint64_t tile[traits::tile_keys];
   __shared__ block::radix_select_storage<traits::threads> storage;
   __shared__ typename cub::BlockReduce<lowest_key, traits::threads>::TempStorage lowest_storage;
-  if (*d_status != 0) return;
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
-  sequence_scalars seq;
-  std::uint32_t bits = check_sequence(seqs, state, b, seq);
+  sequence_check seq = check_sequence(seqs, state, b, h == 0);
   const std::int32_t len = seq.length;
-  if (bits == 0 && len >= budget && seq.tracked != len) bits |= status_untracked;
+  if (seq.row_ok && seq.own == 0 && len >= budget && seq.tracked != len) seq.own |= status_untracked;
   const std::int32_t e = len - budget + cfg.evict_count;
-  if (bits == 0 && len >= budget && e > ws.max_evict) bits |= status_length;  // cannot happen after the checks
-  if (bits != 0) {
-    if (threadIdx.x == 0 && h == 0) atomicOr(d_status, bits);
-    return;
+  if (seq.row_ok && seq.own == 0 && len >= budget && e > ws.max_evict)
+    seq.own |= status_state_capacity;  // cannot happen after the checks
+  if (h == 0) {
+    if (threadIdx.x == 0) ws.lengths[b] = len;  // for the outputs, whatever the checks say
+    report(state, seqs.batch, seq, seq.own, seq.batch);
   }
-  if (h == 0 && threadIdx.x == 0) ws.lengths[b] = len;
-  if (len < budget) return;
+  // A row already flagged (by an earlier call, or by the block of head 0
+  // just now) wastes no time; reading it racily is harmless, the compaction
+  // kernel decides.
+  if (!seq.row_ok || seq.own != 0 || seq.batch != 0 || len < budget) return;
+  const std::int32_t r = seq.row;
+  if (state.status[r] != 0) return;
 
-  const std::int64_t base = state.index(b, h, 0);
+  const std::int64_t base = state.row_index(r, h, 0);
   const key_of_slot<Protector> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
                                           seq.next_position};
   std::int32_t* out = ws.list(b, h, state.shape.kv_heads);
@@ -128,7 +133,7 @@ __global__ void __launch_bounds__(select_traits::threads)
     const lowest_key all = cub::BlockReduce<lowest_key, traits::threads>(lowest_storage).Reduce(mine, lowest_key_op{});
     if (threadIdx.x == 0) {
       if (all.count < 1)
-        atomicOr(d_status, status_positions);
+        atomicOr(&state.status[r], status_positions);
       else
         out[0] = all.slot;
     }
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(select_traits::threads)
     const block::key_stats stats = block::gather_key_stats<traits::threads>(
         from_state, len, [&](std::int32_t t, std::uint64_t key) { tile[t] = key; }, storage);
     if (stats.count < e) {
-      if (threadIdx.x == 0) atomicOr(d_status, status_positions);
+      if (threadIdx.x == 0) atomicOr(&state.status[r], status_positions);
       return;
     }
     const key_in_tile cached{tile};
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(select_traits::threads)
     const block::key_stats stats =
         block::gather_key_stats<traits::threads>(from_state, len, [](std::int32_t, std::uint64_t) {}, storage);
     if (stats.count < e) {
-      if (threadIdx.x == 0) atomicOr(d_status, status_positions);
+      if (threadIdx.x == 0) atomicOr(&state.status[r], status_positions);
       return;
     }
     const std::uint64_t threshold = block::radix_select<traits::threads>(from_state, len, e, stats, storage);
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   }
   // Unique keys (unique positions) list exactly e; duplicates, which only a
   // damaged state has, are clipped to the lowest slots. Defensive only.
-  if (listed != e && threadIdx.x == 0) atomicOr(d_status, status_positions);
+  if (listed != e && threadIdx.x == 0) atomicOr(&state.status[r], status_positions);
 }
 
 // One row of the state arrays or of K / V, addressed by slot.
@@ -182,20 +187,28 @@ template <int = 0>  // a template so every translation unit may define it
 __global__ void __launch_bounds__(compact_traits::threads)
     compact_kernel(settings cfg, sequence_table seqs, row_table<std::byte> rows, std::int32_t row_bytes,
                    std::int32_t vec, eviction_state<memory_space::device> state, std::int32_t budget,
-                   compress_workspace ws, std::int32_t* freed_pages, const std::uint32_t* d_status) {
+                   compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
   using traits = compact_traits;
   __shared__ uint4 stage[traits::stage_bytes / sizeof(uint4)];
   __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::pair_batch];
-  if (*d_status != 0) return;
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t len = ws.lengths[b];
-  if (len < budget) {
-    if (h == 0 && threadIdx.x == 0 && freed_pages != nullptr) freed_pages[b] = 0;
-    return;
+  if (h == 0 && threadIdx.x == 0) {
+    // Every sequence, skipped or not: length_after_compress, so that what an
+    // engine mirrors on the host and the pages it releases always agree.
+    const std::int32_t after = length_after_compress(len, budget, cfg.evict_count);
+    new_lengths[b] = after;
+    if (freed_pages != nullptr) {
+      const std::int32_t freed = len >= budget ? seqs.pages_of(b) - seqs.pages_for(after) : 0;
+      freed_pages[b] = freed > 0 ? freed : 0;
+    }
   }
+  if (len < budget) return;
+  const std::int32_t r = live_row(state, b);
+  if (r < 0) return;
   const std::int32_t e = len - budget + cfg.evict_count, kept = len - e;
   const std::int32_t* evicted = ws.list(b, h, state.shape.kv_heads);
-  const std::int64_t base = state.index(b, h, 0);
+  const std::int64_t base = state.row_index(r, h, 0);
   const std::int32_t words = state.shape.ring_words;
   const int ring_vec = words % 4 == 0 ? 16 : 4;
   const k_rows k_at{rows, b, h};
@@ -255,11 +268,7 @@ __global__ void __launch_bounds__(compact_traits::threads)
       block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, evicted, e, len, staging,
                                          traits::stage_bytes, dst_slot, traits::pair_batch);
   }
-  if (h == 0 && threadIdx.x == 0) {
-    const std::int32_t freed = seqs.shrink(b, kept);
-    if (freed_pages != nullptr) freed_pages[b] = freed;
-    state.tracked[b] = kept;
-  }
+  if (h == 0 && threadIdx.x == 0) state.tracked[r] = kept;
 }
 
 }  // namespace scissorhands::cuda::detail

@@ -1,10 +1,12 @@
 #pragma once
-// Observe kernels. Every kernel here first reads the status word and does
-// nothing when it is non-zero (the check kernel ran before it on the stream).
+// Observe kernels. Every kernel here first reads the status word of its
+// sequence's state row and skips the sequence when the row is -1 or the
+// word is non-zero (the check kernel ran before it on the stream), and
+// skips sequences that hold no token.
 //
-// Per-sequence counters (step, tracked, next_position) are read by every
-// block of a sequence and written by none of them: finalize_kernel updates
-// them after the last block is done, so no block can see a half-updated
+// Per-row counters (step, tracked, next_position) are read by every block
+// of a sequence and written by none of them: finalize_kernel updates them
+// after the last block is done, so no block can see a half-updated
 // sequence whatever order blocks run in.
 #include <cstdint>
 
@@ -15,16 +17,18 @@
 #include "../block/collectives.cuh"
 #include "../detail/tables.cuh"
 #include "../traits.cuh"
+#include "check.cuh"
 
 namespace scissorhands::cuda::detail {
 
-// Admits slot t of head h (host::detail::admit, one slot): its position, a
-// fresh history and, for static policies, its score.
+// Admits slot t of head h of sequence b, state row r (host::detail::admit,
+// one slot): its position, a fresh history and, for static policies, its
+// score.
 template <class Obs, class T>
 __device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows, std::int32_t head_dim,
-                                  const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t h,
-                                  std::int32_t t, std::int32_t first, std::int32_t next_position) {
-  const std::int64_t i = state.index(b, h, t);
+                                  const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t r,
+                                  std::int32_t h, std::int32_t t, std::int32_t first, std::int32_t next_position) {
+  const std::int64_t i = state.row_index(r, h, t);
   const std::int32_t position = next_position + (t - first);
   state.positions[i] = position;
   if constexpr (Obs::needs_attention)
@@ -40,39 +44,43 @@ __device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows,
 template <class Obs, class T>
 __global__ void __launch_bounds__(slot_traits::threads)
     admit_kernel(settings cfg, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
-                 eviction_state<memory_space::device> state, const std::uint32_t* d_status) {
-  if (*d_status != 0) return;
+                 eviction_state<memory_space::device> state) {
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
-  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
+  const std::int32_t r = live_row(state, b);
+  if (r < 0) return;
+  const std::int32_t len = seqs.length(b), first = state.tracked[r], next = state.next_position[r];
   const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
   const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
   for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
        t += slot_traits::threads)
-    admit_slot<Obs>(cfg, rows, head_dim, state, b, h, t, first, next);
+    admit_slot<Obs>(cfg, rows, head_dim, state, b, r, h, t, first, next);
 }
 
 // Observe from probabilities, fused with admission and the history update.
 // One thread per slot: the same float operations in the same order as
 // host::observe_probabilities (group combine in head order, finish,
 // contribution, history update, steps in order), so the state is
-// bit-identical. Grid (chunks, kv_heads, batch).
+// bit-identical. A sequence with no query this step (ragged, q_len(b) = 0)
+// only has its new tokens admitted. Grid (chunks, kv_heads, batch).
 template <class Policy>
 __global__ void __launch_bounds__(slot_traits::threads)
     observe_probabilities_kernel(Policy policy, sequence_table seqs, eviction_state<memory_space::device> state,
-                                 probability_view<memory_space::device> probs, const std::uint32_t* d_status) {
+                                 probability_view<memory_space::device> probs) {
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   using History = typename Policy::history;
-  if (*d_status != 0) return;
   const settings& cfg = policy.config;
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
-  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
-  const std::int64_t step0 = state.step[b];
-  const std::int32_t q_len = probs.q_len, group = probs.q_heads / state.shape.kv_heads;
+  const std::int32_t r = live_row(state, b);
+  if (r < 0) return;
+  const std::int32_t len = seqs.length(b), first = state.tracked[r], next = state.next_position[r];
+  if (len == 0) return;
+  const std::int64_t step0 = state.step[r];
+  const std::int32_t q_len = probs.queries_of(b), group = probs.q_heads / state.shape.kv_heads;
   const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
   const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
   for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < hi; t += slot_traits::threads) {
-    const std::int64_t i = state.index(b, h, t);
+    const std::int64_t i = state.row_index(r, h, t);
     std::uint32_t* ring = state.ring_of(i);
     float score, observed;
     if (t >= first) {
@@ -98,17 +106,20 @@ __global__ void __launch_bounds__(slot_traits::threads)
   }
 }
 
-// Per-sequence counters, after every block of the observe launch: as
-// host::detail::admit (next_position, tracked) and observe (step).
+// Per-row counters, after every block of the observe launch: as
+// host::detail::admit (next_position, tracked) and observe (step, advanced
+// by the sequence's queries when it holds tokens).
 template <bool Attention>
-__global__ void finalize_kernel(sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t q_len,
-                                const std::uint32_t* d_status) {
+__global__ void finalize_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts) {
   const auto b = static_cast<std::int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (b >= seqs.batch || *d_status != 0) return;
+  if (b >= seqs.batch) return;
+  const std::int32_t r = live_row(state, b);
+  if (r < 0) return;
   const std::int32_t len = seqs.length(b);
-  state.next_position[b] += len - state.tracked[b];
-  state.tracked[b] = len;
-  if constexpr (Attention) state.step[b] += q_len;
+  state.next_position[r] += len - state.tracked[r];
+  state.tracked[r] = len;
+  if constexpr (Attention)
+    if (len > 0) state.step[r] += counts.queries_of(b);
 }
 
 }  // namespace scissorhands::cuda::detail

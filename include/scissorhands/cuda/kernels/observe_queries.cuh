@@ -17,8 +17,9 @@
 // read of K). Without, one block per head first computes the normaliser
 // (online max / sum of exp: a second read of K), as the host does. Prefill
 // (q_len > 1) loops over the queries in order, so each slot sees its steps
-// in the host's order. Rows are visited in warp-uniform rounds so the
-// shuffles never diverge.
+// in the host's order; with a ragged view each block reads its sequence's
+// count from qo_indptr (the grid never depends on it). Rows are visited in
+// warp-uniform rounds so the shuffles never diverge.
 #include <cstdint>
 
 #include "../../attention_view.hpp"
@@ -171,8 +172,7 @@ template <class Policy, class T, class Q, int HeadDim>
 __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, HeadDim>::min_blocks)
     observe_queries_kernel(Policy policy, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
                            eviction_state<memory_space::device> state, query_view<Q, memory_space::device> queries,
-                           lse_view<memory_space::device> lse, float scale, std::int32_t chunk,
-                           const std::uint32_t* d_status) {
+                           lse_view<memory_space::device> lse, float scale, std::int32_t chunk) {
   using traits = qk_traits<T, HeadDim>;
   using fixed = fixed_qk<T, HeadDim>;
   using Obs = typename Policy::observation;
@@ -184,12 +184,14 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
   __shared__ float norm[host::max_group_size];
   __shared__ float warp_m[traits::warps][NQ], warp_s[traits::warps][NQ];
 
-  if (*d_status != 0) return;
   const settings& cfg = policy.config;
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
-  const std::int32_t len = seqs.length(b), first = state.tracked[b], next = state.next_position[b];
-  const std::int64_t step0 = state.step[b];
-  const std::int32_t q_len = queries.q_len, group = queries.q_heads / state.shape.kv_heads;
+  const std::int32_t row = live_row(state, b);
+  if (row < 0) return;
+  const std::int32_t len = seqs.length(b), first = state.tracked[row], next = state.next_position[row];
+  const std::int64_t step0 = state.step[row];
+  // Ragged: this sequence's count (0: admission only); len 0: nothing at all.
+  const std::int32_t q_len = queries.queries_of(b), group = queries.q_heads / state.shape.kv_heads;
   const bool given = lse.present();
   const std::int32_t lo = given ? static_cast<std::int32_t>(blockIdx.x) * chunk : 0;
   const std::int32_t hi = given ? (len - lo < chunk ? len : lo + chunk) : len;
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
 
   for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
        t += traits::threads)
-    admit_slot<Obs>(cfg, rows, head_dim, state, b, h, t, first, next);
+    admit_slot<Obs>(cfg, rows, head_dim, state, b, row, h, t, first, next);
 
   lane_geometry geo;
   if constexpr (traits::fixed || traits::scalar) {
@@ -256,7 +258,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
   };
   // Lane `rank` < R: the state update of row t0 + rank with its combined probability.
   auto record = [&](std::int32_t t, float combined, std::int64_t step, std::int32_t visible) {
-    const std::int64_t i = state.index(b, h, t);
+    const std::int64_t i = state.row_index(row, h, t);
     float score = state.scores[i], observed = state.observed[i];
     const float c = Obs::contribution(Gqa::finish(combined, group), visible, cfg);
     History::update(score, observed, state.ring_of(i), step, c, cfg, Obs::binary);
