@@ -7,7 +7,9 @@
 // the freed trailing pages and rewrites last_page_len
 // (host::shrink_page_table, cuda::shrink_page_table). new_lengths[b] is
 // always length_after_compress(length(b), budget, m) (eviction_state.hpp),
-// so an engine may also compute it on the host without a read-back.
+// so an engine may also compute it on the host without a read-back; the
+// CUDA backend writes that value even for a sequence it skipped for a
+// device-found error (its contents are void until its row is reset).
 #include <cstdint>
 
 #include "span.hpp"

@@ -186,16 +186,24 @@ void validate_query_counts(const char* fn, const View& cache, const Queries& vie
   }
 }
 
-// Largest element index + 1 a view of `row` contiguous elements per
-// (sequence, head, query) reaches, uniform or ragged.
+// Largest element index + 1 a uniform view of `row` contiguous elements
+// per (sequence, head, query) reaches (both backends).
+inline std::int64_t reach_uniform(std::int64_t sequence_stride, std::int64_t head_stride, std::int64_t query_stride,
+                                  std::int32_t batch, std::int32_t q_heads, std::int32_t q_len, std::int64_t row) {
+  return layout_extent({sequence_stride, head_stride, query_stride}, {batch, q_heads, q_len}, row);
+}
+
+// The same for a host view, uniform or ragged (a ragged one reads qo_indptr).
 template <class Queries>
 std::int64_t reach(const Queries& view, std::int64_t sequence_stride, std::int64_t head_stride,
                    std::int64_t query_stride, std::int32_t batch, std::int64_t row) {
+  static_assert(std::remove_cvref_t<decltype(view.qo_indptr)>::space == memory_space::host,
+                "detail::reach reads qo_indptr: host views only (reach_uniform for device views)");
   if (view.ragged()) {
     const std::int64_t tokens = view.qo_indptr[static_cast<std::size_t>(batch)];
     return layout_extent({query_stride, head_stride, 0}, {tokens, view.q_heads, 1}, row);
   }
-  return layout_extent({sequence_stride, head_stride, query_stride}, {batch, view.q_heads, view.q_len}, row);
+  return reach_uniform(sequence_stride, head_stride, query_stride, batch, view.q_heads, view.q_len, row);
 }
 
 }  // namespace detail

@@ -83,7 +83,8 @@ void validate_reach(const char* fn, const char* name, const Data& data, const Qu
                     std::int32_t batch, std::int64_t row) {
   require(data.data() != nullptr || data.empty(), fn, name, "must not be null when its size is ", data.size());
   if (view.ragged()) return;
-  const std::int64_t need = host::detail::reach(view, sequence_stride, head_stride, query_stride, batch, row);
+  const std::int64_t need =
+      host::detail::reach_uniform(sequence_stride, head_stride, query_stride, batch, view.q_heads, view.q_len, row);
   require(need == 0 || data.data() != nullptr, fn, name, "must not be null");
   require(static_cast<std::uint64_t>(need) <= data.size(), fn, name, "holds ", data.size(),
           " values but the view reaches ", need);
