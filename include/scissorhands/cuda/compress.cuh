@@ -85,7 +85,7 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                   ", below the ", need, " bytes the workspace query returned");
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
                   "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
-  detail::validate_output(fn, cache, out);
+  detail::validate_output(fn, cache, state, out, {d_workspace, workspace_bytes, "d_workspace"});
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
   detail::compress_workspace ws;

@@ -60,19 +60,33 @@ void validate_state_matches(const char* fn, const Policy& policy, const View& ca
           st.shape.ring_words);
 }
 
-// True when [a, a + na) and [b, b + nb) (int32 arrays) overlap.
-inline bool overlaps(const std::int32_t* a, std::size_t na, const std::int32_t* b, std::size_t nb) {
-  if (a == nullptr || b == nullptr || na == 0 || nb == 0) return false;
-  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-  return pa < pb + nb * sizeof(std::int32_t) && pb < pa + na * sizeof(std::int32_t);
+// A byte range a call reads or writes, for the overlap checks.
+struct byte_range {
+  const void* data;
+  std::size_t bytes;
+  const char* name;
+};
+
+template <class T, memory_space Space>
+byte_range range_of(const span<T, Space>& s, const char* name) {
+  return {s.data(), s.size() * sizeof(T), name};
+}
+
+// True when two byte ranges share a byte (empty or null ranges never do).
+inline bool overlaps(const byte_range& a, const byte_range& b) {
+  if (a.data == nullptr || b.data == nullptr || a.bytes == 0 || b.bytes == 0) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.data), pb = reinterpret_cast<std::uintptr_t>(b.data);
+  return pa < pb + b.bytes && pb < pa + a.bytes;
 }
 
 // compress's outputs: new_lengths one entry per sequence; freed_pages one
 // per sequence for a paged cache, empty or one per sequence for a contiguous
-// one. Neither may overlap the lengths the view reads (both backends read
-// them while writing the outputs).
+// one. Neither may overlap anything the call reads or moves (lengths, page
+// table, state rows, the state, K, V, the workspace) nor each other: writing
+// an output would otherwise change an input under the call.
 template <class View, memory_space Space>
-void validate_output(const char* fn, const View& cache, const compress_output<Space>& out) {
+void validate_output(const char* fn, const View& cache, const eviction_state<Space>& state,
+                     const compress_output<Space>& out, byte_range workspace) {
   constexpr bool paged = requires { cache.page_size; };
   require(out.new_lengths.size() == static_cast<std::size_t>(cache.batch) && out.new_lengths.data() != nullptr, fn,
           "out.new_lengths", "must hold batch = ", cache.batch, " entries (non-null), got ", out.new_lengths.size(),
@@ -86,17 +100,40 @@ void validate_output(const char* fn, const View& cache, const compress_output<Sp
                 (out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr),
             fn, "out.freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
             out.freed_pages.size(), out.freed_pages.data() == nullptr ? " at a null pointer" : "");
-  const auto* lengths = [&] {
-    if constexpr (paged) return cache.last_page_len.data();
-    else return cache.lengths.data();
-  }();
-  const std::size_t n = static_cast<std::size_t>(cache.batch);
-  require(!overlaps(out.new_lengths.data(), n, lengths, n), fn, "out.new_lengths",
-          "must not overlap the lengths the cache view reads (apply new lengths after the call)");
-  require(!overlaps(out.freed_pages.data(), out.freed_pages.size(), lengths, n), fn, "out.freed_pages",
-          "must not overlap the lengths the cache view reads");
-  require(!overlaps(out.freed_pages.data(), out.freed_pages.size(), out.new_lengths.data(), n), fn,
-          "out.freed_pages", "must not overlap out.new_lengths");
+  const byte_range state_bytes_range{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total,
+                                     "the state"};
+  const byte_range inputs[] = {
+      [&] {
+        if constexpr (paged) return range_of(cache.last_page_len, "cache.last_page_len");
+        else return range_of(cache.lengths, "cache.lengths");
+      }(),
+      [&] {
+        if constexpr (paged) return range_of(cache.indptr, "cache.indptr");
+        else return byte_range{nullptr, 0, ""};
+      }(),
+      [&] {
+        if constexpr (paged) return range_of(cache.indices, "cache.indices");
+        else return byte_range{nullptr, 0, ""};
+      }(),
+      range_of(state.state_rows, "state.state_rows"),
+      state_bytes_range,
+      [&] {
+        if constexpr (paged) return range_of(cache.k_pages, "cache.k_pages");
+        else return range_of(cache.k, "cache.k");
+      }(),
+      [&] {
+        if constexpr (paged) return range_of(cache.v_pages, "cache.v_pages");
+        else return range_of(cache.v, "cache.v");
+      }(),
+      workspace,
+  };
+  const byte_range outputs[] = {range_of(out.new_lengths, "out.new_lengths"),
+                                range_of(out.freed_pages, "out.freed_pages")};
+  for (const byte_range& o : outputs)
+    for (const byte_range& i : inputs)
+      require(!overlaps(o, i), fn, o.name, "must not overlap ", i.name,
+              " (the call reads it while writing its outputs; apply new lengths after the call)");
+  require(!overlaps(outputs[0], outputs[1]), fn, "out.freed_pages", "must not overlap out.new_lengths");
 }
 
 // The state shape a policy needs for a cache: a row per batch position and

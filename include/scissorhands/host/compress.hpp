@@ -82,7 +82,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
   detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
   constexpr bool paged = requires { cache.page_size; };
-  detail::validate_output(fn, cache, out);
+  detail::validate_output(fn, cache, state, out, {workspace.data(), workspace.size(), "workspace"});
   // Every sequence that triggers must have state for all its tokens and
   // enough unprotected ones to evict (the state could have been damaged).
   for (std::int32_t b = 0; b < cache.batch; ++b) {
@@ -215,6 +215,17 @@ inline std::size_t shrink_page_table(host_span<std::int32_t> indptr, host_span<s
   detail::require(static_cast<std::size_t>(indptr[batch]) <= indices.size(), fn, "indices",
                   "holds fewer entries than indptr[batch] = ", indptr[batch]);
   detail::require(indptr[batch] == 0 || indices.data() != nullptr, fn, "indices", "must not be null");
+  // Everything is read while the table and `released` are written: no two
+  // of the five arrays may share memory (one scratch buffer reused for two
+  // of them would let a write change an input after validation).
+  const detail::byte_range ranges[] = {
+      detail::range_of(indptr, "indptr"), detail::range_of(indices, "indices"),
+      detail::range_of(last_page_len, "last_page_len"), detail::range_of(new_lengths, "new_lengths"),
+      {released.data(), total * sizeof(std::int32_t), "released"}};
+  for (std::size_t i = 0; i < 5; ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      detail::require(!detail::overlaps(ranges[i], ranges[j]), fn, ranges[i].name, "must not overlap ",
+                      ranges[j].name);
   std::size_t out = 0;
   std::int32_t write = 0;
   for (std::size_t b = 0; b < batch; ++b) {

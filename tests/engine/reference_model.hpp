@@ -1,0 +1,147 @@
+#pragma once
+// An independent model of what the library keeps, written from the
+// algorithm's definition (docs/design.md, "The algorithm"), never from the
+// library's code: per (request, layer, KV head) the tokens in slot order,
+// each with its observation history, and eviction by a full sort.
+//
+// Two ways of scoring run side by side:
+//  - exact: fp32 in the order the definition prescribes (GQA mean = sum in
+//    head order then one division; window sum = (sum - oldest) + newest),
+//    from the very probabilities the library was given. Used when the
+//    library is fed probabilities (or the policy is static): scores, and so
+//    the evicted set, must match to the bit.
+//  - bounds: [lo, hi] in double, from the test's own double-precision
+//    attention. Used when the library recomputes the probabilities from the
+//    queries itself: its fp32 scores differ in the last bits, so the check
+//    is that no evicted token scored clearly above a kept one (and, where
+//    both scores are exactly known and equal, that the older one went first).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <type_traits>
+#include <vector>
+
+#include <scissorhands/scissorhands.hpp>
+
+namespace engine_test {
+
+namespace sh = scissorhands;
+
+struct contribution {
+  float exact = 0.0f;
+  double lo = 0.0, hi = 0.0;
+};
+
+struct model_token {
+  std::int32_t position = 0;
+  float score = 0.0f;     // exact path
+  float observed = 0.0f;  // steps observed (capped at w for a sliding window); exact in both paths
+  double lo = 0.0, hi = 0.0;                     // unbounded history: bounds of the running sum
+  std::map<std::int64_t, contribution> seen;     // sliding window: the window's steps only
+};
+
+template <class Policy>
+struct model_rules {
+  using observation = typename Policy::observation;
+  using history = typename Policy::history;
+  static constexpr bool attention = std::is_same_v<observation, sh::attention_mass> ||
+                                    std::is_same_v<observation, sh::threshold_indicator>;
+  static constexpr bool indicator = std::is_same_v<observation, sh::threshold_indicator>;
+  static constexpr bool window = std::is_same_v<history, sh::sliding_window>;
+  static constexpr bool gqa_max = std::is_same_v<typename Policy::gqa, sh::gqa_max>;
+  static_assert(std::is_same_v<observation, sh::attention_mass> || indicator ||
+                    std::is_same_v<observation, sh::recency>,
+                "the model knows attention_mass, threshold_indicator and recency");
+  static_assert(window || std::is_same_v<history, sh::unbounded_history>,
+                "the model knows sliding_window and unbounded_history");
+
+  sh::settings cfg;
+
+  // The GQA group's probabilities of one key at one query, combined: exact
+  // from the fp32 values handed to the library, bounds from doubles.
+  contribution combine(const float* p_exact, const double* p_double, std::int32_t group,
+                       std::int32_t visible) const {
+    float acc = 0.0f;
+    double accd = 0.0;
+    for (std::int32_t g = 0; g < group; ++g) {
+      if constexpr (gqa_max) {
+        acc = std::max(acc, p_exact[g]);
+        accd = std::max(accd, p_double[g]);
+      } else {
+        acc = acc + p_exact[g];
+        accd += p_double[g];
+      }
+    }
+    if constexpr (!gqa_max) {
+      acc = acc / static_cast<float>(group);
+      accd /= group;
+    }
+    contribution c;
+    if constexpr (indicator) {
+      c.exact = acc >= cfg.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
+      const double threshold = static_cast<double>(cfg.alpha) / visible;
+      if (std::abs(accd - threshold) <= 1e-4 * threshold) {
+        c.lo = 0.0;  // too close to call from outside the library's fp32 maths
+        c.hi = 1.0;
+      } else {
+        c.lo = c.hi = accd >= threshold ? 1.0 : 0.0;
+      }
+    } else {
+      c.exact = acc;
+      c.lo = c.hi = accd;
+    }
+    return c;
+  }
+
+  void update(model_token& t, std::int64_t step, const contribution& c) const {
+    if constexpr (window) {
+      const auto leaving = t.seen.find(step - cfg.window);
+      const float oldest = leaving == t.seen.end() ? 0.0f : leaving->second.exact;
+      t.score = (t.score - oldest) + c.exact;
+      t.observed = std::min(t.observed + 1.0f, static_cast<float>(cfg.window));
+      t.seen[step] = c;
+      while (!t.seen.empty() && t.seen.begin()->first <= step - cfg.window) t.seen.erase(t.seen.begin());
+    } else {
+      t.score = t.score + c.exact;
+      t.observed = t.observed + 1.0f;
+      t.lo += c.lo;
+      t.hi += c.hi;
+    }
+  }
+
+  // Bounds of the token's score in exact arithmetic.
+  std::pair<double, double> bounds(const model_token& t) const {
+    if constexpr (window) {
+      double lo = 0.0, hi = 0.0;
+      for (const auto& [step, c] : t.seen) {
+        lo += c.lo;
+        hi += c.hi;
+      }
+      return {lo, hi};
+    } else {
+      return {t.lo, t.hi};
+    }
+  }
+
+  float eviction_score(const model_token& t) const {
+    return (cfg.normalize && t.observed > 0.0f) ? t.score / t.observed : t.score;
+  }
+  std::pair<double, double> eviction_bounds(const model_token& t) const {
+    auto [lo, hi] = bounds(t);
+    if (cfg.normalize && t.observed > 0.0f) {
+      lo /= t.observed;
+      hi /= t.observed;
+    }
+    return {lo, hi};
+  }
+  // How far the library's fp32 score of a real-valued observation may be
+  // from the double one (indicator counts are exact integers).
+  double tolerance(double magnitude) const { return indicator ? 0.0 : 2e-4 * (1.0 + std::abs(magnitude)); }
+
+  bool is_protected(std::int32_t position, std::int32_t next_position) const {
+    return position >= next_position - cfg.recent || position < cfg.sinks;
+  }
+};
+
+}  // namespace engine_test
