@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# The main job: build the llama example and run `evaluate` on the default
-# model (../shared/models/stories260K.gguf, or $SCISSORHANDS_MODEL) with the
-# default grid of policies and budgets. Prints the table; writes
-# results/llama_nll.csv and results/llama_nll.png. Extra arguments go to
-# `scissorhands_llama evaluate` (e.g. --samples 4 --budgets 32,64).
+# The main job: build the llama example and run `evaluate` on each of the
+# three models of ../shared/models (stories260K, tinystories656k,
+# babyllama105), under both protocols: decode (one token a step, compress
+# at B) and prefill:50% (half the text prefilled, compressed once to B, the
+# rest teacher-forced). Per model it prints the tables and writes
+# results/llama_nll_<model>.csv and results/llama_nll_<model>.png (one
+# panel per protocol); results/llama_nll.csv holds every model's rows.
+#
+# Each model runs its default grid: 16 texts of min(500, trained context)
+# tokens, budgets 3.125, 6.25, 12.5, 25 and 50% of that length. Extra
+# arguments go to every model's `scissorhands_llama evaluate` (e.g.
+# --samples 4); options that depend on the model (a --length beyond a
+# model's context) are refused for that model. $SCISSORHANDS_MODEL=PATH
+# runs that one model only; $SCISSORHANDS_MODELS_DIR changes where the
+# three are looked for; $SCISSORHANDS_BUILD_DIR the build folder (build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,6 +23,44 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" --target scissorhands_llama
+bin=./"$build"/examples/llama/scissorhands_llama
 mkdir -p results
-./"$build"/examples/llama/scissorhands_llama evaluate \
-  --csv results/llama_nll.csv --plot results/llama_nll.png "$@"
+
+if [ -n "${SCISSORHANDS_MODEL:-}" ]; then
+  models=("$SCISSORHANDS_MODEL")
+else
+  dir=${SCISSORHANDS_MODELS_DIR:-../shared/models}
+  models=()
+  for name in stories260K tinystories656k babyllama105; do
+    if [ -f "$dir/$name.gguf" ]; then
+      models+=("$dir/$name.gguf")
+    else
+      echo "main.sh: $dir/$name.gguf not found; skipping it (../shared/models/README.md lists the models)" >&2
+    fi
+  done
+fi
+if [ ${#models[@]} -eq 0 ]; then
+  # No model at all: the CLI explains how to get one and runs its synthetic demo.
+  "$bin" evaluate --csv results/llama_nll.csv --plot results/llama_nll.png "$@"
+  exit 0
+fi
+
+start=$SECONDS
+csvs=()
+for model in "${models[@]}"; do
+  name=$(basename "$model" .gguf)
+  echo
+  echo "=================== $name ==================="
+  t0=$SECONDS
+  "$bin" --model "$model" evaluate --protocol decode prefill:50% \
+    --csv "results/llama_nll_$name.csv" --plot "results/llama_nll_$name.png" "$@"
+  echo "($name: $((SECONDS - t0)) s)"
+  csvs+=("results/llama_nll_$name.csv")
+done
+# All models in one CSV (the `model` column tells them apart).
+{
+  head -1 "${csvs[0]}"
+  for c in "${csvs[@]}"; do tail -n +2 "$c"; done
+} > results/llama_nll.csv
+echo
+echo "main.sh: ${#csvs[@]} model(s) in $((SECONDS - start)) s; results/llama_nll.csv holds every row, results/llama_nll_<model>.png the plots"

@@ -188,7 +188,8 @@ template <class Policy>
 class compressor_impl final : public kv_compressor {
  public:
   compressor_impl(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                  const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+                  const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
+                  std::int32_t state_capacity) {
     spec_ = spec;
     budgets_ = budgets;
     source_ = source;
@@ -197,7 +198,8 @@ class compressor_impl final : public kv_compressor {
       throw std::invalid_argument("make_compressor: budgets has " + std::to_string(budgets.size()) +
                                   " entries but the cache has " + std::to_string(caches.size()) + " layers");
     for (std::size_t l = 0; l < caches.size(); ++l) {
-      const sh::state_shape shape = sh::state_shape_for(policy_, caches[l]);
+      sh::state_shape shape = sh::state_shape_for(policy_, caches[l]);
+      if (state_capacity > 0) shape.capacity = state_capacity;
       const std::size_t bytes = sh::state_bytes(shape);
       state_bytes_.push_back(bytes);
       buffers_.push_back(std::make_unique<aligned_buffer>(bytes));
@@ -209,37 +211,43 @@ class compressor_impl final : public kv_compressor {
     reset();
   }
 
-  void observe(std::int32_t layer, sh::host_kv_view<float> cache, const float* probs, const float* queries,
-               const float* lse, std::int32_t q_heads) override {
+  void observe(std::int32_t layer, sh::host_kv_view<float> cache, const attention_batch& att) override {
     const auto l = static_cast<std::size_t>(layer);
-    const std::int32_t len = cache.length(0);
     switch (source_) {
       case observe_source::probabilities: {
-        const auto view = sh::probability_view<sh::memory_space::host>::dense(
-            sh::host_span<const float>(probs, static_cast<std::size_t>(q_heads) * static_cast<std::size_t>(len)),
-            q_heads, 1, len);
+        // A strided view over the engine's [q_heads][queries][slots] buffer:
+        // the library reads the q_len rows it is given, each up to its
+        // causal limit.
+        sh::probability_view<sh::memory_space::host> view{};
+        view.data = sh::host_span<const float>(att.probs, att.probs_size);
+        view.q_heads = att.q_heads;
+        view.q_len = att.q_len;
+        view.sequence_stride = 0;  // one sequence
+        view.head_stride = att.probs_head_stride;
+        view.query_stride = att.probs_query_stride;
         sh::host::observe_probabilities(policy_, cache, states_[l], view);
         break;
       }
       case observe_source::queries:
       case observe_source::queries_lse: {
-        const auto n = static_cast<std::size_t>(q_heads) * static_cast<std::size_t>(cache.head_dim);
-        const auto q = sh::query_view<float, sh::memory_space::host>::dense(sh::host_span<const float>(queries, n),
-                                                                             q_heads, 1, cache.head_dim);
+        const std::size_t rows = static_cast<std::size_t>(att.q_len) * static_cast<std::size_t>(att.q_heads);
+        const auto q = sh::query_view<float, sh::memory_space::host>::dense(
+            sh::host_span<const float>(att.queries, rows * static_cast<std::size_t>(cache.head_dim)), att.q_heads,
+            att.q_len, cache.head_dim);
         sh::lse_view<sh::memory_space::host> lv{};
         if (source_ == observe_source::queries_lse)
-          lv = sh::lse_view<sh::memory_space::host>::dense(
-              sh::host_span<const float>(lse, static_cast<std::size_t>(q_heads)), q_heads, 1);
+          lv = sh::lse_view<sh::memory_space::host>::token_major(sh::host_span<const float>(att.lse, rows),
+                                                                  att.q_heads, att.q_len, sh::lse_base::natural);
         sh::host::observe_queries(policy_, cache, states_[l], q, lv);
         break;
       }
     }
   }
 
-  std::int32_t compress(std::int32_t layer, sh::host_kv_view<float> cache) override {
+  std::int32_t compress(std::int32_t layer, sh::host_kv_view<float> cache, std::int32_t budget) override {
     const auto l = static_cast<std::size_t>(layer);
     std::int32_t new_length = 0;
-    sh::host::compress(policy_, cache, states_[l], budgets_[l],
+    sh::host::compress(policy_, cache, states_[l], budget,
                        sh::host_span<std::byte>(workspaces_[l]->data, workspace_bytes_[l]),
                        {sh::host_span<std::int32_t>(&new_length, 1), {}});
     return new_length;
@@ -262,31 +270,33 @@ class compressor_impl final : public kv_compressor {
 
 template <class Obs, class Hist, class Gqa>
 std::unique_ptr<kv_compressor> build(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                     const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+                                     const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
+                                     std::int32_t capacity) {
   using policy = sh::eviction_policy<Obs, Hist, sh::recent_window, Gqa>;
-  return std::make_unique<compressor_impl<policy>>(spec, budgets, caches, source);
+  return std::make_unique<compressor_impl<policy>>(spec, budgets, caches, source, capacity);
 }
 
 template <class Obs, class Hist>
 std::unique_ptr<kv_compressor> pick_gqa(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                        const std::vector<sh::host_kv_view<float>>& caches, observe_source source) {
+                                        const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
+                                        std::int32_t capacity) {
   // Static observations never read attention: the reduction is irrelevant.
-  if constexpr (!Obs::needs_attention) return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source);
-  else if (spec.gqa == gqa_kind::max) return build<Obs, Hist, sh::gqa_max>(spec, budgets, caches, source);
-  else return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source);
+  if constexpr (!Obs::needs_attention) return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source, capacity);
+  else if (spec.gqa == gqa_kind::max) return build<Obs, Hist, sh::gqa_max>(spec, budgets, caches, source, capacity);
+  else return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source, capacity);
 }
 
 template <class Obs>
 std::unique_ptr<kv_compressor> pick_history(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
                                             const std::vector<sh::host_kv_view<float>>& caches,
-                                            observe_source source) {
+                                            observe_source source, std::int32_t capacity) {
   if constexpr (!Obs::needs_attention) {
-    return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source);
+    return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source, capacity);
   } else {
     switch (spec.history) {
-      case history_kind::window: return pick_gqa<Obs, sh::sliding_window>(spec, budgets, caches, source);
-      case history_kind::unbounded: return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source);
-      case history_kind::decay: return pick_gqa<Obs, sh::exponential_decay>(spec, budgets, caches, source);
+      case history_kind::window: return pick_gqa<Obs, sh::sliding_window>(spec, budgets, caches, source, capacity);
+      case history_kind::unbounded: return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source, capacity);
+      case history_kind::decay: return pick_gqa<Obs, sh::exponential_decay>(spec, budgets, caches, source, capacity);
     }
   }
   throw std::invalid_argument("make_compressor: unknown history kind");
@@ -296,13 +306,13 @@ std::unique_ptr<kv_compressor> pick_history(const policy_spec& spec, const std::
 
 std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
                                                const std::vector<sh::host_kv_view<float>>& caches,
-                                               observe_source source) {
+                                               observe_source source, std::int32_t capacity) {
   switch (spec.observation) {
-    case observation_kind::threshold: return pick_history<sh::threshold_indicator>(spec, budgets, caches, source);
-    case observation_kind::mass: return pick_history<sh::attention_mass>(spec, budgets, caches, source);
-    case observation_kind::key_norm: return pick_history<sh::key_norm>(spec, budgets, caches, source);
-    case observation_kind::recency: return pick_history<sh::recency>(spec, budgets, caches, source);
-    case observation_kind::random: return pick_history<sh::random_score>(spec, budgets, caches, source);
+    case observation_kind::threshold: return pick_history<sh::threshold_indicator>(spec, budgets, caches, source, capacity);
+    case observation_kind::mass: return pick_history<sh::attention_mass>(spec, budgets, caches, source, capacity);
+    case observation_kind::key_norm: return pick_history<sh::key_norm>(spec, budgets, caches, source, capacity);
+    case observation_kind::recency: return pick_history<sh::recency>(spec, budgets, caches, source, capacity);
+    case observation_kind::random: return pick_history<sh::random_score>(spec, budgets, caches, source, capacity);
   }
   throw std::invalid_argument("make_compressor: unknown observation kind");
 }

@@ -56,20 +56,37 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& overri
 // The list of presets, for --help.
 std::string policy_help();
 
+// What one call's attention produced, for the queries the library is to
+// observe (the step's token when decoding; all or the last k of a prompt).
+// Query j of q_len sits at cache slot length - q_len + j and saw slots
+// 0 .. length - q_len + j (causal).
+struct attention_batch {
+  const float* probs = nullptr;         // row (qh, j): probs + qh * head_stride + j * query_stride; columns are slots
+  std::int64_t probs_head_stride = 0;
+  std::int64_t probs_query_stride = 0;
+  std::size_t probs_size = 0;           // floats reachable from probs
+  const float* queries = nullptr;       // token-major [q_len][q_heads][head_dim], after RoPE
+  const float* lse = nullptr;           // token-major [q_len][q_heads], natural log-sum-exp of the scaled logits
+  std::int32_t q_heads = 0;
+  std::int32_t q_len = 1;
+};
+
 class kv_compressor {
  public:
   virtual ~kv_compressor() = default;
 
   // After the step's K/V were appended and attention ran over `cache`:
-  // hand the step's attention to the library. `probs` is dense
-  // [q_heads][length], `queries` dense [q_heads][head_dim] (after RoPE),
-  // `lse` [q_heads] natural log-sum-exp of the scaled logits.
-  virtual void observe(std::int32_t layer, scissorhands::host_kv_view<float> cache, const float* probs,
-                       const float* queries, const float* lse, std::int32_t q_heads) = 0;
-  // Evicts when the layer's cache holds its budget (the library decides)
-  // and returns the layer's new length: the lengths are the engine's, and
-  // it applies it.
-  virtual std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) = 0;
+  // hand the step's attention to the library (host::observe_probabilities
+  // or host::observe_queries, per source()). Admits the new tokens first.
+  virtual void observe(std::int32_t layer, scissorhands::host_kv_view<float> cache, const attention_batch& att) = 0;
+  // Evicts when the layer's cache holds `budget` tokens or more, down to
+  // budget - m (the library decides which) and returns the layer's new
+  // length: the lengths are the engine's, and it applies it. The one-
+  // argument form uses the layer's budget.
+  virtual std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache, std::int32_t budget) = 0;
+  std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) {
+    return compress(layer, cache, budget(layer));
+  }
   // Forgets every token (a new text).
   virtual void reset() = 0;
   // The library's state of a layer (tests inspect it).
@@ -89,10 +106,14 @@ class kv_compressor {
 };
 
 // One compressor for all layers of a cache; `caches` gives each layer's view
-// (for the state shape and workspace size). Throws scissorhands::
-// invalid_argument (from the library) when a budget or setting is invalid.
+// (for the workspace size, and the state's capacity unless
+// `state_capacity` > 0 gives it: the most tokens a layer holds when the
+// library is called). Budgets and settings are validated by the library
+// when compress runs (the engine's validate_budgets calls it on an empty
+// cache up front).
 std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
                                                const std::vector<scissorhands::host_kv_view<float>>& caches,
-                                               observe_source source = observe_source::probabilities);
+                                               observe_source source = observe_source::probabilities,
+                                               std::int32_t state_capacity = 0);
 
 }  // namespace llama

@@ -12,21 +12,38 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-// out[r] = sum_c w[r][c] x[c]; four partial sums keep the loop short of a
-// serial dependency without reordering anything run to run.
+// sum_c row[c] x[c] with four partial sums: keeps the loop short of a
+// serial dependency without reordering anything run to run. matvec and
+// matmul_tokens both use it, so a token's result is the same bits whichever
+// path computed it (the prefill relies on that).
+inline float dot(const float* row, const float* x, std::int32_t cols) {
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  std::int32_t c = 0;
+  for (; c + 4 <= cols; c += 4) {
+    a0 += row[c] * x[c];
+    a1 += row[c + 1] * x[c + 1];
+    a2 += row[c + 2] * x[c + 2];
+    a3 += row[c + 3] * x[c + 3];
+  }
+  for (; c < cols; ++c) a0 += row[c] * x[c];
+  return (a0 + a1) + (a2 + a3);
+}
+
+// out[r] = sum_c w[r][c] x[c].
 void matvec(float* out, const std::vector<float>& w, const float* x, std::int32_t rows, std::int32_t cols) {
+  for (std::int32_t r = 0; r < rows; ++r)
+    out[r] = dot(w.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols), x, cols);
+}
+
+// The same for n tokens at once (rows of x and out `cols` and `rows` apart):
+// each weight row is read once for all of them.
+void matmul_tokens(float* out, const std::vector<float>& w, const float* x, std::int32_t rows, std::int32_t cols,
+                   std::int32_t n) {
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* row = w.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    std::int32_t c = 0;
-    for (; c + 4 <= cols; c += 4) {
-      a0 += row[c] * x[c];
-      a1 += row[c + 1] * x[c + 1];
-      a2 += row[c + 2] * x[c + 2];
-      a3 += row[c + 3] * x[c + 3];
-    }
-    for (; c < cols; ++c) a0 += row[c] * x[c];
-    out[r] = (a0 + a1) + (a2 + a3);
+    for (std::int32_t j = 0; j < n; ++j)
+      out[static_cast<std::size_t>(j) * static_cast<std::size_t>(rows) + static_cast<std::size_t>(r)] =
+          dot(row, x + static_cast<std::size_t>(j) * static_cast<std::size_t>(cols), cols);
   }
 }
 
@@ -77,26 +94,45 @@ void engine::allocate_cache() {
   probs_.assign(static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(widest), 0.0f);
 }
 
-void engine::set_policy(const policy_spec* spec, const std::vector<std::int32_t>& budgets, observe_source source) {
+void engine::set_policy(const policy_spec* spec, const std::vector<std::int32_t>& budgets, observe_source source,
+                        std::optional<prefill_plan> plan) {
   const model_config& c = model_.config;
   compressor_.reset();
+  plan_ = plan;
   capacity_.assign(static_cast<std::size_t>(c.layers), max_tokens_);
+  if (plan && (plan->prompt < 1 || plan->prompt > max_tokens_ || plan->observe_last < 0 ||
+               plan->observe_last > plan->prompt))
+    throw std::invalid_argument("engine::set_policy: the prefill plan needs 1 <= prompt <= max_tokens = " +
+                                std::to_string(max_tokens_) + " and 0 <= observe_last <= prompt, got prompt " +
+                                std::to_string(plan->prompt) + ", observe_last " + std::to_string(plan->observe_last));
   if (spec) {
     if (budgets.size() != static_cast<std::size_t>(c.layers))
       throw std::invalid_argument("engine::set_policy: budgets must list " + std::to_string(c.layers) +
                                   " layers, got " + std::to_string(budgets.size()));
-    // Appending one token a step and compressing at B keeps a head at most
-    // B tokens: B slots are all the engine ever needs.
-    for (std::size_t l = 0; l < budgets.size(); ++l)
-      capacity_[l] = std::clamp(budgets[l], 1, max_tokens_);
+    // Decode: appending one token a step and compressing at B keeps a head
+    // at most B tokens, so B slots are all the engine ever needs. Prefill:
+    // the cache holds the prompt, then B plus what is decoded after it.
+    if (!plan)
+      for (std::size_t l = 0; l < budgets.size(); ++l) capacity_[l] = std::clamp(budgets[l], 1, max_tokens_);
   }
   allocate_cache();
   if (spec) {
     std::vector<sh::host_kv_view<float>> views;
     for (std::int32_t l = 0; l < c.layers; ++l) views.push_back(view(l));
-    compressor_ = make_compressor(*spec, budgets, views, source);
+    // The state needs a slot per token held at a library call: B when
+    // decoding (state_capacity_for(B, 1)); the whole prompt when it lands
+    // in one chunk on an empty cache (prefill: P).
+    compressor_ = make_compressor(*spec, budgets, views, source, plan ? plan->prompt : 0);
   }
   reset();
+}
+
+void engine::validate_budgets() {
+  reset();
+  if (!compressor_) return;
+  const std::int32_t m = compressor_->spec().config.evict_count;
+  for (std::int32_t l = 0; l < model_.config.layers; ++l)
+    compressor_->compress(l, view(l), compressor_->budget(l) + (plan_ ? m : 0));
 }
 
 void engine::reset() {
@@ -127,6 +163,62 @@ std::size_t engine::state_bytes() const {
   return n;
 }
 
+void engine::attend(const float* q_rows, sh::host_kv_view<float>& cache, std::int32_t len, float* probs,
+                    std::size_t p_stride, float* lse, float* out_rows) const {
+  const model_config& c = model_.config;
+  const std::int32_t hd = c.head_dim, group = c.q_heads / c.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (std::int32_t qh = 0; qh < c.q_heads; ++qh) {
+    const std::int32_t h = qh / group;
+    const float* q = q_rows + qh * hd;
+    float* p = probs + static_cast<std::size_t>(qh) * p_stride;
+    float mx = -INFINITY;
+    for (std::int32_t t = 0; t < len; ++t) {
+      const float* k = cache.k_row(0, h, t);
+      float dot = 0.0f;
+      for (std::int32_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+      p[t] = dot * scale;
+      mx = std::max(mx, p[t]);
+    }
+    float sum = 0.0f;
+    for (std::int32_t t = 0; t < len; ++t) {
+      p[t] = std::exp(p[t] - mx);
+      sum += p[t];
+    }
+    const float inv = 1.0f / sum;
+    lse[qh] = mx + std::log(sum);
+    float* out = out_rows + qh * hd;
+    std::fill_n(out, hd, 0.0f);
+    for (std::int32_t t = 0; t < len; ++t) {
+      p[t] *= inv;
+      const float* v = cache.v_row(0, h, t);
+      for (std::int32_t d = 0; d < hd; ++d) out[d] += p[t] * v[d];
+    }
+  }
+}
+
+namespace {
+
+// RoPE on one head, at the angles whose cos/sin are given per pair.
+void rotate(float* head, std::int32_t hd, rope_pairing pairing, const float* cs, const float* sn) {
+  for (std::int32_t i = 0; i < hd / 2; ++i) {
+    const std::int32_t a = pairing == rope_pairing::interleaved ? 2 * i : i;
+    const std::int32_t b = pairing == rope_pairing::interleaved ? 2 * i + 1 : i + hd / 2;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = x0 * cs[i] - x1 * sn[i];
+    head[b] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
+void swiglu(float* gate, const float* up, std::int32_t n) {
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+}  // namespace
+
 const float* engine::step(std::int32_t token) {
   const auto t0 = clock_type::now();
   const model_config& c = model_.config;
@@ -136,14 +228,13 @@ const float* engine::step(std::int32_t token) {
   if (position_ >= max_tokens_)
     throw std::length_error("engine::step: position " + std::to_string(position_) + " reaches max_tokens = " +
                             std::to_string(max_tokens_));
-  const std::int32_t dim = c.dim, hd = c.head_dim, group = c.q_heads / c.kv_heads;
+  const std::int32_t dim = c.dim, hd = c.head_dim;
   std::copy_n(model_.token_embedding.begin() + static_cast<std::ptrdiff_t>(token) * dim, dim, x_.begin());
   for (std::size_t i = 0; i < rope_freq_.size(); ++i) {
     const float angle = static_cast<float>(position_) * rope_freq_[i];
     rope_cos_[i] = std::cos(angle);
     rope_sin_[i] = std::sin(angle);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::chrono::nanoseconds library{0}, compress{0};
 
   for (std::int32_t l = 0; l < c.layers; ++l) {
@@ -153,18 +244,8 @@ const float* engine::step(std::int32_t token) {
     matvec(k_.data(), w.wk, xb_.data(), c.kv_heads * hd, dim);
     matvec(v_.data(), w.wv, xb_.data(), c.kv_heads * hd, dim);
     // RoPE at the token's true position, on q and k alike.
-    const auto rotate = [&](float* head) {
-      for (std::int32_t i = 0; i < hd / 2; ++i) {
-        const float cs = rope_cos_[static_cast<std::size_t>(i)], sn = rope_sin_[static_cast<std::size_t>(i)];
-        const std::int32_t a = c.pairing == rope_pairing::interleaved ? 2 * i : i;
-        const std::int32_t b = c.pairing == rope_pairing::interleaved ? 2 * i + 1 : i + hd / 2;
-        const float x0 = head[a], x1 = head[b];
-        head[a] = x0 * cs - x1 * sn;
-        head[b] = x0 * sn + x1 * cs;
-      }
-    };
-    for (std::int32_t h = 0; h < c.q_heads; ++h) rotate(q_.data() + h * hd);
-    for (std::int32_t h = 0; h < c.kv_heads; ++h) rotate(k_.data() + h * hd);
+    for (std::int32_t h = 0; h < c.q_heads; ++h) rotate(q_.data() + h * hd, hd, c.pairing, rope_cos_.data(), rope_sin_.data());
+    for (std::int32_t h = 0; h < c.kv_heads; ++h) rotate(k_.data() + h * hd, hd, c.pairing, rope_cos_.data(), rope_sin_.data());
 
     // Append K (after RoPE) and V at the next free slot.
     auto cache = view(l);
@@ -179,39 +260,23 @@ const float* engine::step(std::int32_t token) {
     ++len;
 
     // Attention of the step's query over every cached slot.
-    for (std::int32_t qh = 0; qh < c.q_heads; ++qh) {
-      const std::int32_t h = qh / group;
-      const float* q = q_.data() + qh * hd;
-      float* p = probs_.data() + static_cast<std::size_t>(qh) * static_cast<std::size_t>(len);
-      float mx = -INFINITY;
-      for (std::int32_t t = 0; t < len; ++t) {
-        const float* k = cache.k_row(0, h, t);
-        float dot = 0.0f;
-        for (std::int32_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-        p[t] = dot * scale;
-        mx = std::max(mx, p[t]);
-      }
-      float sum = 0.0f;
-      for (std::int32_t t = 0; t < len; ++t) {
-        p[t] = std::exp(p[t] - mx);
-        sum += p[t];
-      }
-      const float inv = 1.0f / sum;
-      lse_[static_cast<std::size_t>(qh)] = mx + std::log(sum);
-      float* out = att_out_.data() + qh * hd;
-      std::fill_n(out, hd, 0.0f);
-      for (std::int32_t t = 0; t < len; ++t) {
-        p[t] *= inv;
-        const float* v = cache.v_row(0, h, t);
-        for (std::int32_t d = 0; d < hd; ++d) out[d] += p[t] * v[d];
-      }
-    }
+    attend(q_.data(), cache, len, probs_.data(), static_cast<std::size_t>(len), lse_.data(), att_out_.data());
     if (on_attention) on_attention(l, probs_.data(), len);
 
-    // The library: observe this step, then evict if the head holds B tokens.
-    if (compressor_) {
+    // The library (decode protocol): observe this step, then evict if the
+    // head holds B tokens. In the prefill protocol it ran in prefill() only.
+    if (compressor_ && !plan_) {
       const auto l0 = clock_type::now();
-      compressor_->observe(l, cache, probs_.data(), q_.data(), lse_.data(), c.q_heads);
+      attention_batch att;
+      att.probs = probs_.data();
+      att.probs_head_stride = len;
+      att.probs_query_stride = len;
+      att.probs_size = static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(len);
+      att.queries = q_.data();
+      att.lse = lse_.data();
+      att.q_heads = c.q_heads;
+      att.q_len = 1;
+      compressor_->observe(l, cache, att);
       if (before_compress) {
         const auto h0 = clock_type::now();
         before_compress(l);
@@ -231,10 +296,7 @@ const float* engine::step(std::int32_t token) {
     rmsnorm(xb_.data(), x_.data(), w.ffn_norm, dim, c.rms_eps);
     matvec(hb_.data(), w.w_gate, xb_.data(), c.hidden, dim);
     matvec(hb2_.data(), w.w_up, xb_.data(), c.hidden, dim);
-    for (std::int32_t i = 0; i < c.hidden; ++i) {
-      const float g = hb_[static_cast<std::size_t>(i)];
-      hb_[static_cast<std::size_t>(i)] = g / (1.0f + std::exp(-g)) * hb2_[static_cast<std::size_t>(i)];
-    }
+    swiglu(hb_.data(), hb2_.data(), c.hidden);
     matvec(xb_.data(), w.w_down, hb_.data(), dim, c.hidden);
     for (std::int32_t i = 0; i < dim; ++i) x_[static_cast<std::size_t>(i)] += xb_[static_cast<std::size_t>(i)];
   }
@@ -246,6 +308,139 @@ const float* engine::step(std::int32_t token) {
   times_.compress += compress;
   times_.total += clock_type::now() - t0;
   ++times_.steps;
+  return logits_.data();
+}
+
+const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
+  const auto t0 = clock_type::now();
+  const model_config& c = model_.config;
+  if (n < 1) throw std::invalid_argument("engine::prefill: needs at least one token, got " + std::to_string(n));
+  if (static_cast<std::int64_t>(position_) + n > max_tokens_)
+    throw std::length_error("engine::prefill: " + std::to_string(n) + " tokens from position " +
+                            std::to_string(position_) + " pass max_tokens = " + std::to_string(max_tokens_));
+  if (compressor_ && !plan_)
+    throw std::logic_error("engine::prefill: the decode protocol's state holds B slots per head; a prompt in one "
+                           "chunk needs the prefill protocol's plan (set_policy with a prefill_plan)");
+  for (std::int32_t j = 0; j < n; ++j)
+    if (tokens[j] < 0 || tokens[j] >= c.vocab)
+      throw std::out_of_range("engine::prefill: token " + std::to_string(tokens[j]) + " (prompt index " +
+                              std::to_string(j) + ") is not in [0, vocab = " + std::to_string(c.vocab) + ")");
+  for (std::int32_t l = 0; l < c.layers; ++l) {
+    const std::int32_t len = lengths_[static_cast<std::size_t>(l)];
+    if (len + n > capacity_[static_cast<std::size_t>(l)] || (compressor_ && len + n > plan_->prompt))
+      throw std::length_error("engine::prefill: layer " + std::to_string(l) + " holds " + std::to_string(len) +
+                              " tokens; " + std::to_string(n) + " more pass its capacity " +
+                              std::to_string(capacity_[static_cast<std::size_t>(l)]) +
+                              (compressor_ ? " or the plan's prompt " + std::to_string(plan_->prompt) : std::string()));
+  }
+  const std::int32_t dim = c.dim, hd = c.head_dim, qd = c.q_heads * hd, kvd = c.kv_heads * hd;
+  const auto un = static_cast<std::size_t>(n);
+  const auto rows = [&](std::vector<float>& v, std::int32_t width) { v.resize(un * static_cast<std::size_t>(width)); };
+  rows(px_, dim);
+  rows(pxb_, dim);
+  rows(pq_, qd);
+  rows(pk_, kvd);
+  rows(pv_, kvd);
+  rows(patt_, qd);
+  rows(phb_, c.hidden);
+  rows(phb2_, c.hidden);
+  rows(plse_, c.q_heads);
+  const std::size_t pairs = rope_freq_.size();
+  std::vector<float> cosines(un * pairs), sines(un * pairs);
+  for (std::int32_t j = 0; j < n; ++j) {
+    std::copy_n(model_.token_embedding.begin() + static_cast<std::ptrdiff_t>(tokens[j]) * dim, dim,
+                px_.begin() + static_cast<std::ptrdiff_t>(j) * dim);
+    for (std::size_t i = 0; i < pairs; ++i) {
+      const float angle = static_cast<float>(position_ + j) * rope_freq_[i];
+      cosines[static_cast<std::size_t>(j) * pairs + i] = std::cos(angle);
+      sines[static_cast<std::size_t>(j) * pairs + i] = std::sin(angle);
+    }
+  }
+  const auto row = [](std::vector<float>& v, std::int32_t j, std::int32_t width) {
+    return v.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(width);
+  };
+  std::chrono::nanoseconds library{0}, compress{0};
+
+  for (std::int32_t l = 0; l < c.layers; ++l) {
+    const layer_weights& w = model_.layers[static_cast<std::size_t>(l)];
+    for (std::int32_t j = 0; j < n; ++j) rmsnorm(row(pxb_, j, dim), row(px_, j, dim), w.attn_norm, dim, c.rms_eps);
+    matmul_tokens(pq_.data(), w.wq, pxb_.data(), qd, dim, n);
+    matmul_tokens(pk_.data(), w.wk, pxb_.data(), kvd, dim, n);
+    matmul_tokens(pv_.data(), w.wv, pxb_.data(), kvd, dim, n);
+    for (std::int32_t j = 0; j < n; ++j) {
+      const float* cs = cosines.data() + static_cast<std::size_t>(j) * pairs;
+      const float* sn = sines.data() + static_cast<std::size_t>(j) * pairs;
+      for (std::int32_t h = 0; h < c.q_heads; ++h) rotate(row(pq_, j, qd) + h * hd, hd, c.pairing, cs, sn);
+      for (std::int32_t h = 0; h < c.kv_heads; ++h) rotate(row(pk_, j, kvd) + h * hd, hd, c.pairing, cs, sn);
+    }
+
+    // Append the prompt's K (after RoPE) and V, then attend causally: query
+    // j (slot base + j) sees slots 0 .. base + j, as it would in step().
+    auto cache = view(l);
+    std::int32_t& len = lengths_[static_cast<std::size_t>(l)];
+    const std::int32_t base = len;
+    for (std::int32_t j = 0; j < n; ++j)
+      for (std::int32_t h = 0; h < c.kv_heads; ++h) {
+        std::copy_n(row(pk_, j, kvd) + h * hd, hd, cache.k_row(0, h, base + j));
+        std::copy_n(row(pv_, j, kvd) + h * hd, hd, cache.v_row(0, h, base + j));
+      }
+    len = base + n;
+    const auto columns = static_cast<std::size_t>(len);
+    const std::size_t head_stride = un * columns;  // probabilities [q_heads][n][len]
+    pprobs_.assign(static_cast<std::size_t>(c.q_heads) * head_stride, 0.0f);
+    for (std::int32_t j = 0; j < n; ++j)
+      attend(row(pq_, j, qd), cache, base + j + 1, pprobs_.data() + static_cast<std::size_t>(j) * columns, head_stride,
+             row(plse_, j, c.q_heads), row(patt_, j, qd));
+
+    // The library, once: observe the prompt's queries (all, or the last k,
+    // as SnapKV's observation window), then compress the layer to B.
+    if (compressor_) {
+      const auto l0 = clock_type::now();
+      const std::int32_t k = plan_->observe_last > 0 ? std::min(plan_->observe_last, n) : n;
+      const auto first = static_cast<std::size_t>(n - k);
+      attention_batch att;
+      att.probs = pprobs_.data() + first * columns;
+      att.probs_head_stride = static_cast<std::int64_t>(head_stride);
+      att.probs_query_stride = static_cast<std::int64_t>(columns);
+      att.probs_size = pprobs_.size() - first * columns;
+      att.queries = pq_.data() + first * static_cast<std::size_t>(qd);
+      att.lse = plse_.data() + first * static_cast<std::size_t>(c.q_heads);
+      att.q_heads = c.q_heads;
+      att.q_len = k;
+      compressor_->observe(l, cache, att);
+      if (before_compress) {
+        const auto h0 = clock_type::now();
+        before_compress(l);
+        library -= clock_type::now() - h0;
+      }
+      // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
+      const auto c0 = clock_type::now();
+      len = compressor_->compress(l, cache, compressor_->budget(l) + compressor_->spec().config.evict_count);
+      const auto c1 = clock_type::now();
+      library += c1 - l0;
+      compress += c1 - c0;
+    }
+
+    matmul_tokens(pxb_.data(), w.wo, patt_.data(), dim, qd, n);
+    for (std::size_t i = 0; i < un * static_cast<std::size_t>(dim); ++i) px_[i] += pxb_[i];
+
+    // SwiGLU feed-forward.
+    for (std::int32_t j = 0; j < n; ++j) rmsnorm(row(pxb_, j, dim), row(px_, j, dim), w.ffn_norm, dim, c.rms_eps);
+    matmul_tokens(phb_.data(), w.w_gate, pxb_.data(), c.hidden, dim, n);
+    matmul_tokens(phb2_.data(), w.w_up, pxb_.data(), c.hidden, dim, n);
+    for (std::int32_t j = 0; j < n; ++j) swiglu(row(phb_, j, c.hidden), row(phb2_, j, c.hidden), c.hidden);
+    matmul_tokens(pxb_.data(), w.w_down, phb_.data(), dim, c.hidden, n);
+    for (std::size_t i = 0; i < un * static_cast<std::size_t>(dim); ++i) px_[i] += pxb_[i];
+  }
+
+  // Logits of the last prompt token only (the others predict nothing here).
+  rmsnorm(xb_.data(), row(px_, n - 1, dim), model_.output_norm, dim, c.rms_eps);
+  matvec(logits_.data(), model_.output, xb_.data(), c.vocab, dim);
+  position_ += n;
+  times_.library += library;
+  times_.compress += compress;
+  times_.total += clock_type::now() - t0;
+  times_.steps += n;
   return logits_.data();
 }
 

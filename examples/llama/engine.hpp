@@ -13,10 +13,21 @@
 //      host::compress evicts m tokens if the cache now holds its budget B.
 // So a head's cache never holds more than B tokens, and the step's output
 // was computed before anything was evicted.
+//
+// Prefill (the press-style protocol, evaluate --protocol prefill:P[:k]):
+// prefill() feeds P tokens in one pass. Per layer, every token's K and V are
+// appended, each of the P queries attends causally (query i over slots
+// 0..i), the library observes all P queries (or the last k) in one call
+// with q_len > 1, and compresses the layer to its budget B in one go
+// (host::compress at budget B + m evicts P - B). step() then decodes with
+// the cache growing and no further eviction. Each token's arithmetic is the
+// one step() does, so a prefill that evicts nothing gives every logit of a
+// token-by-token run bit for bit.
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <scissorhands/scissorhands.hpp>
@@ -26,6 +37,13 @@
 
 namespace llama {
 
+// The prefill protocol's plan: the prompt length P and how many of its
+// last queries the library observes (0: all P).
+struct prefill_plan {
+  std::int32_t prompt = 0;
+  std::int32_t observe_last = 0;
+};
+
 class engine {
  public:
   // max_tokens: the longest sequence this engine will decode (a full cache's
@@ -34,14 +52,27 @@ class engine {
   engine(const model& m, std::int32_t max_tokens, scissorhands::named_layout layout = scissorhands::named_layout::nhd);
 
   // Switches to a compressed cache (nullptr: full cache). Rebuilds the cache
-  // buffers with the policy's capacities and resets the engine.
+  // buffers with the policy's capacities and resets the engine. Without a
+  // plan the library runs after every step (decode protocol; B slots per
+  // layer); with one, only in prefill() (the cache holds up to max_tokens,
+  // the state covers the prompt: capacity P).
   void set_policy(const policy_spec* spec, const std::vector<std::int32_t>& budgets,
-                  observe_source source = observe_source::probabilities);
+                  observe_source source = observe_source::probabilities,
+                  std::optional<prefill_plan> plan = std::nullopt);
   void reset();
+  // Runs the library's budget and settings checks now, on the empty cache
+  // (host::compress validates before it looks at lengths): throws its
+  // scissorhands::invalid_argument when a budget cannot be run. Resets.
+  void validate_budgets();
 
   // Feeds one token; returns the logits of the next one (vocab floats,
   // valid until the next call).
   const float* step(std::int32_t token);
+  // Feeds n tokens in one pass (causal attention among them); returns the
+  // logits after the last one. With a plan, the library observes and
+  // compresses each layer (see above); n must not exceed the plan's prompt.
+  const float* prefill(const std::int32_t* tokens, std::int32_t n);
+  const std::optional<prefill_plan>& plan() const { return plan_; }
 
   const model& weights() const { return model_; }
   std::int32_t position() const { return position_; }
@@ -73,6 +104,11 @@ class engine {
 
  private:
   void allocate_cache();
+  // One layer's attention for query rows q (q_heads x head_dim) at cache
+  // length len: probabilities into p (q_heads rows, row stride p_stride),
+  // natural LSE into lse[q_heads], output into out (q_heads x head_dim).
+  void attend(const float* q, scissorhands::host_kv_view<float>& cache, std::int32_t len, float* p,
+              std::size_t p_stride, float* lse, float* out) const;
 
   const model& model_;
   std::int32_t max_tokens_;
@@ -82,9 +118,13 @@ class engine {
   std::vector<std::vector<float>> k_cache_, v_cache_;
   std::vector<std::int32_t> lengths_;  // one sequence per layer: each layer's view points at its own entry
   std::unique_ptr<kv_compressor> compressor_;
+  std::optional<prefill_plan> plan_;
   // Scratch.
   std::vector<float> x_, xb_, q_, k_, v_, att_out_, hb_, hb2_, probs_, lse_, logits_;
   std::vector<float> rope_freq_, rope_cos_, rope_sin_;  // per pair; cos/sin at the current position
+  // Prefill scratch: per token rows of x, xb, q, k, v, attention output,
+  // hidden; probabilities [q_heads][n][len]; LSE [n][q_heads].
+  std::vector<float> px_, pxb_, pq_, pk_, pv_, patt_, phb_, phb2_, pprobs_, plse_;
   timing times_;
 };
 

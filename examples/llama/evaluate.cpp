@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -106,16 +107,117 @@ std::vector<std::int32_t> allocate_budgets(std::int32_t budget, std::int32_t lay
   throw std::invalid_argument("allocate_budgets: unknown allocator");
 }
 
+namespace {
+
+[[noreturn]] void bad_protocol(const std::string& text, const std::string& why) {
+  throw std::invalid_argument("--protocol '" + text + "': " + why +
+                              " (accepted: decode, prefill:P, prefill:P:k, prefill:P%, prefill:P%:k)");
+}
+
+// A positive integer, or with allow_percent a percentage in (0, 100).
+bool parse_count(const std::string& v, bool allow_percent, std::int32_t& count, double& percent) {
+  if (v.empty()) return false;
+  char* end = nullptr;
+  if (allow_percent && v.back() == '%') {
+    const std::string number = v.substr(0, v.size() - 1);
+    const double x = std::strtod(number.c_str(), &end);
+    if (number.empty() || *end != '\0' || !(x > 0.0 && x < 100.0)) return false;
+    percent = x;
+    return true;
+  }
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (*end != '\0' || x < 1 || x > (1L << 24)) return false;
+  count = static_cast<std::int32_t>(x);
+  return true;
+}
+
+double log_softmax_nll(const float* logits, std::int32_t vocab, std::int32_t target) {
+  const float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (std::int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  return (static_cast<double>(mx) + std::log(sum)) - logits[target];
+}
+
+}  // namespace
+
+std::string protocol::label() const {
+  if (type == kind::decode) return "decode";
+  std::ostringstream o;
+  o << "prefill:";
+  if (prompt_percent > 0.0) o << prompt_percent << "%";
+  else o << prompt;
+  if (observe_last > 0) o << ":" << observe_last;
+  return o.str();
+}
+
+protocol parse_protocol(const std::string& text) {
+  protocol p;
+  if (text == "decode") return p;
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ':')) parts.push_back(item);
+  if (parts.empty() || parts[0] != "prefill") bad_protocol(text, "unknown protocol");
+  if (parts.size() < 2 || parts.size() > 3) bad_protocol(text, "prefill needs P (and optionally k)");
+  p.type = protocol::kind::prefill;
+  if (!parse_count(parts[1], true, p.prompt, p.prompt_percent))
+    bad_protocol(text, "P must be a positive token count or a percentage in (0, 100), got '" + parts[1] + "'");
+  double unused = 0.0;
+  if (parts.size() == 3 && !parse_count(parts[2], false, p.observe_last, unused))
+    bad_protocol(text, "k must be a positive token count, got '" + parts[2] + "'");
+  return p;
+}
+
+protocol resolve_protocol(protocol p, std::int32_t shortest_text) {
+  if (p.type == protocol::kind::decode) return p;
+  const std::string given = p.label();
+  if (p.prompt_percent > 0.0) {
+    p.prompt = static_cast<std::int32_t>(std::lround(p.prompt_percent / 100.0 * shortest_text));
+    p.prompt_percent = 0.0;
+  }
+  if (p.prompt < 1 || p.prompt >= shortest_text)
+    throw std::invalid_argument("--protocol " + given + ": the prompt P = " + std::to_string(p.prompt) +
+                                " must be in [1, " + std::to_string(shortest_text - 1) +
+                                "] so that at least one token of the shortest text (" + std::to_string(shortest_text) +
+                                " tokens) follows it");
+  if (p.observe_last > p.prompt)
+    throw std::invalid_argument("--protocol " + given + ": k = " + std::to_string(p.observe_last) +
+                                " observed queries must not exceed the prompt P = " + std::to_string(p.prompt));
+  return p;
+}
+
+budget_spec parse_budget(const std::string& text) {
+  budget_spec b;
+  b.text = text;
+  if (!parse_count(text, true, b.tokens, b.percent))
+    throw std::invalid_argument("--budgets: '" + text +
+                                "' must be a token count in [1, 2^24] or a percentage of the text length in (0, 100), "
+                                "e.g. 64 or 12.5%");
+  return b;
+}
+
+std::int32_t resolve_budget(const budget_spec& b, std::int32_t length) {
+  if (b.percent <= 0.0) return b.tokens;
+  return std::max<std::int32_t>(1, static_cast<std::int32_t>(std::lround(b.percent / 100.0 * length)));
+}
+
 run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, const policy_spec* spec,
-                        const std::vector<std::int32_t>& budgets, const eval_options& options,
+                        const std::vector<std::int32_t>& budgets, const eval_options& options, const protocol& how,
                         const std::function<void()>& tick) {
   std::int32_t longest = 2;
   for (const auto& t : texts) longest = std::max(longest, static_cast<std::int32_t>(t.tokens.size()));
+  const bool prefill = how.type == protocol::kind::prefill;
+  if (prefill && how.prompt_percent > 0.0)
+    throw std::invalid_argument("evaluate_nll: resolve the protocol (resolve_protocol) before running it");
   engine e(m, longest, options.layout);
-  e.set_policy(spec, budgets, options.source);
+  std::optional<prefill_plan> plan;
+  if (prefill) plan = prefill_plan{how.prompt, how.observe_last};
+  e.set_policy(spec, budgets, options.source, plan);
   run_result r;
   r.label = spec ? spec->label : "full";
   r.description = spec ? spec->describe() : "full cache";
+  r.protocol = how.label();
+  r.prompt = prefill ? how.prompt : 0;
   r.budgets = spec ? budgets : std::vector<std::int32_t>{};
   if (spec) {
     std::int64_t sum = 0;
@@ -129,29 +231,48 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
   for (const auto& text : texts) {
     e.reset();
     std::fill(peak.begin(), peak.end(), 0);
-    for (std::size_t t = 0; t + 1 < text.tokens.size(); ++t) {
-      const float* logits = e.step(text.tokens[t]);
-      // Peak occupancy is right after the append, before compress: t + 1
-      // tokens until the budget is reached, then B (compress leaves B - m
-      // and the next appends refill it).
+    const auto T = static_cast<std::int32_t>(text.tokens.size());
+    std::int32_t first = 0;  // the first token fed one a step
+    if (prefill) {
+      if (how.prompt >= T)
+        throw std::invalid_argument("evaluate_nll: the prompt P = " + std::to_string(how.prompt) +
+                                    " leaves nothing to predict in '" + text.name + "' (" + std::to_string(T) +
+                                    " tokens)");
+      const float* logits = e.prefill(text.tokens.data(), how.prompt);
+      double kept = 0.0;
       for (std::int32_t l = 0; l < c.layers; ++l) {
-        const std::int32_t held = spec ? std::min<std::int32_t>(static_cast<std::int32_t>(t) + 1, e.capacity(l))
-                                       : static_cast<std::int32_t>(t) + 1;
+        peak[static_cast<std::size_t>(l)] = how.prompt;  // the whole prompt, before compress
+        kept += e.length(l);
+      }
+      r.prompt_kv_fraction += kept / (static_cast<double>(c.layers) * how.prompt) / static_cast<double>(texts.size());
+      r.nll_sum += log_softmax_nll(logits, c.vocab, text.tokens[static_cast<std::size_t>(how.prompt)]);
+      ++r.predictions;
+      r.tokens_fed += how.prompt;
+      first = how.prompt;
+    }
+    for (std::int32_t t = first; t + 1 < T; ++t) {
+      const float* logits = e.step(text.tokens[static_cast<std::size_t>(t)]);
+      // Decode: peak occupancy is right after the append, before compress:
+      // t + 1 tokens until the budget is reached, then B (compress leaves
+      // B - m and the next appends refill it). Prefill: the length now.
+      for (std::int32_t l = 0; l < c.layers; ++l) {
+        const std::int32_t held = prefill ? e.length(l)
+                                  : spec  ? std::min<std::int32_t>(t + 1, e.capacity(l))
+                                          : t + 1;
         peak[static_cast<std::size_t>(l)] = std::max(peak[static_cast<std::size_t>(l)], held);
       }
-      const float mx = *std::max_element(logits, logits + c.vocab);
-      double sum = 0.0;
-      for (std::int32_t i = 0; i < c.vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-      r.nll_sum += (static_cast<double>(mx) + std::log(sum)) - logits[text.tokens[t + 1]];
+      r.nll_sum += log_softmax_nll(logits, c.vocab, text.tokens[static_cast<std::size_t>(t) + 1]);
       ++r.predictions;
+      ++r.tokens_fed;
     }
     double held = 0.0;
     for (auto p : peak) held += p;
-    const double full = static_cast<double>(c.layers) * static_cast<double>(text.tokens.size() - 1);
+    const double full = static_cast<double>(c.layers) * static_cast<double>(T - 1);
     r.kv_fraction += held / full / static_cast<double>(texts.size());
     r.kv_bytes += held * row_bytes / static_cast<double>(texts.size());
     if (tick) tick();
   }
+  if (!prefill) r.prompt_kv_fraction = 0.0;
   r.library_seconds = std::chrono::duration<double>(e.times().library).count();
   r.compress_seconds = std::chrono::duration<double>(e.times().compress).count();
   r.step_seconds = std::chrono::duration<double>(e.times().total).count();
@@ -160,21 +281,51 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
 
 std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_text>& texts,
                                       const std::vector<policy_spec>& specs, const std::vector<std::int32_t>& budgets,
-                                      const eval_options& options,
-                                      const std::function<void(std::size_t, std::size_t, const run_result&)>& progress) {
+                                      const eval_options& options, const protocol& how,
+                                      const std::function<void(std::size_t, std::size_t, const run_result&)>& progress,
+                                      std::vector<skipped_cell>* skipped) {
   struct job {
     const policy_spec* spec;
+    std::int32_t budget;
     std::vector<std::int32_t> budgets;
   };
-  std::vector<job> jobs{{nullptr, {}}};
-  for (const auto& s : specs)
-    for (auto b : budgets) jobs.push_back({&s, allocate_budgets(b, m.config.layers, options.allocator, options.slope)});
-  // Build every compressor once up front so an invalid budget or setting
-  // fails before minutes of work, with the library's message.
+  std::int32_t longest = 2;
+  for (const auto& t : texts) longest = std::max(longest, static_cast<std::int32_t>(t.tokens.size()));
+  std::optional<prefill_plan> plan;
+  if (how.type == protocol::kind::prefill) plan = prefill_plan{how.prompt, how.observe_last};
+  // Check every cell with the library up front (host::compress validates
+  // budget and settings on the empty cache), so an invalid one fails or is
+  // skipped before minutes of work, with the library's message.
+  std::vector<job> jobs{{nullptr, 0, {}}};
   {
-    engine probe(m, 2, options.layout);
-    for (const auto& j : jobs)
-      if (j.spec) probe.set_policy(j.spec, j.budgets, options.source);
+    engine probe(m, plan ? std::max(longest, plan->prompt) : 2, options.layout);
+    for (const auto& s : specs)
+      for (auto b : budgets) {
+        job j{&s, b, allocate_budgets(b, m.config.layers, options.allocator, options.slope)};
+        // A prefill whose every layer keeps B >= P evicts nothing: its NLL is
+        // the full cache's, bit for bit (tests/llama checks it). Only run
+        // when asked for by token count.
+        if (plan && skipped && *std::min_element(j.budgets.begin(), j.budgets.end()) >= plan->prompt) {
+          skipped->push_back({s.label, b,
+                              "B >= P = " + std::to_string(plan->prompt) +
+                                  " keeps the whole prompt: the full cache's NLL exactly"});
+          continue;
+        }
+        try {
+          probe.set_policy(j.spec, j.budgets, options.source, plan);
+          probe.validate_budgets();
+        } catch (const sh::invalid_argument& e) {
+          if (!skipped) throw;
+          // The prefill compresses at budget B + m (leaving B): say so, as the
+          // library's message names the budget it was given.
+          skipped->push_back({s.label, b,
+                              (plan ? "prefill compresses at B + m = " + std::to_string(b + s.config.evict_count) + ": "
+                                    : std::string()) +
+                                  e.what()});
+          continue;
+        }
+        jobs.push_back(std::move(j));
+      }
   }
   std::vector<run_result> results(jobs.size());
   std::atomic<std::size_t> next{0};
@@ -186,7 +337,7 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
       const std::size_t i = next.fetch_add(1);
       if (i >= jobs.size()) return;
       try {
-        run_result r = evaluate_nll(m, texts, jobs[i].spec, jobs[i].budgets, options);
+        run_result r = evaluate_nll(m, texts, jobs[i].spec, jobs[i].budgets, options, how);
         std::lock_guard<std::mutex> lock(mu);
         results[i] = std::move(r);
         ++done;

@@ -8,6 +8,7 @@ if(NOT TARGET llama_core)
     ${_llama_dir}/gguf.cpp
     ${_llama_dir}/tokenizer.cpp
     ${_llama_dir}/model.cpp
+    ${_llama_dir}/context.cpp
     ${_llama_dir}/engine.cpp
     ${_llama_dir}/compressor.cpp
     ${_llama_dir}/evaluate.cpp

@@ -13,12 +13,14 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "compressor.hpp"
+#include "context.hpp"
 #include "engine.hpp"
 #include "evaluate.hpp"
 #include "gguf.hpp"
@@ -42,6 +44,7 @@ struct common_options {
   std::string observe = "probs";
   bool require_model = false;
   std::int32_t threads = 0;  // 0: all hardware threads
+  std::int32_t context = 0;  // --context: the trained context, overriding the table and the file (0: none)
 };
 
 struct policy_options {
@@ -53,12 +56,15 @@ struct policy_options {
   std::string compaction;
 };
 
+// The default sampled text length: 500 tokens (8000 predictions over 16
+// texts), or the model's whole trained context when it is shorter
+// (babyllama105: 256).
+constexpr std::int32_t default_length = 500;
+
 struct text_options {
   std::vector<std::string> text_files, token_files;
-  // 16 x 500 tokens: 8000 predictions, within the trained context of 512,
-  // and the default grid runs in about a minute on 2 cores.
   std::int32_t samples = 16;
-  std::int32_t length = 500;
+  std::int32_t length = 0;  // 0: min(default_length, trained context)
   std::uint64_t sample_seed = 1;
   float sample_temperature = 1.0f;
   float sample_top_p = 0.9f;
@@ -107,7 +113,9 @@ void add_text_options(CLI::App* app, text_options& t) {
       ->check(CLI::ExistingFile);
   app->add_option("--samples", t.samples, "texts sampled from the full-cache model when no file is given")->capture_default_str()
       ->check(CLI::Range(1, 10000));
-  app->add_option("--length", t.length, "tokens per sampled text (BOS included); trained context is 512")->capture_default_str()
+  app->add_option("--length", t.length,
+                  "tokens per sampled text (BOS included); default min(500, the model's trained context); more than "
+                  "the trained context is refused")
       ->check(CLI::Range(2, 1 << 20));
   app->add_option("--sample-seed", t.sample_seed, "seed of the first sampled text (text k uses seed + k)")->capture_default_str();
   app->add_option("--sample-temperature", t.sample_temperature, "temperature of the sampled texts")->capture_default_str()
@@ -115,17 +123,34 @@ void add_text_options(CLI::App* app, text_options& t) {
   app->add_option("--sample-top-p", t.sample_top_p, "top-p of the sampled texts")->capture_default_str()->check(CLI::Range(0.01f, 1.0f));
 }
 
-std::vector<eval_text> load_texts(const text_options& t, const model& m, const tokenizer* tok, std::string& what) {
+// A text longer than the trained context is cut to it, with a note naming
+// the option, the file, its length and the context.
+void clamp_to_context(eval_text& text, const std::string& option, const context_info& ctx) {
+  if (static_cast<std::int64_t>(text.tokens.size()) <= ctx.tokens) return;
+  std::cerr << "note: " << option << " " << text.name << " holds " << text.tokens.size() << " tokens, beyond "
+            << describe_context(ctx) << ": evaluating its first " << ctx.tokens << "\n";
+  text.tokens.resize(static_cast<std::size_t>(ctx.tokens));
+}
+
+std::vector<eval_text> load_texts(const text_options& t, const model& m, const tokenizer* tok, const context_info& ctx,
+                                  std::string& what) {
   std::vector<eval_text> texts;
   for (const auto& f : t.text_files) {
     if (!tok) throw std::runtime_error("--text needs a tokenizer (the model file has none)");
     texts.push_back(read_text_file(f, *tok));
+    clamp_to_context(texts.back(), "--text", ctx);
   }
-  for (const auto& f : t.token_files) texts.push_back(read_token_file(f, m.config.vocab));
+  for (const auto& f : t.token_files) {
+    texts.push_back(read_token_file(f, m.config.vocab));
+    clamp_to_context(texts.back(), "--tokens", ctx);
+  }
   std::ostringstream o;
   if (texts.empty()) {
-    texts = sample_texts(m, t.samples, t.length, t.sample_seed, t.sample_temperature, t.sample_top_p);
-    o << t.samples << " texts of " << t.length << " tokens sampled from the full-cache model (seeds " << t.sample_seed
+    // An explicit --length past the trained context is refused; the default fits.
+    if (t.length > 0) require_within_context("--length", t.length, ctx);
+    const std::int32_t length = t.length > 0 ? t.length : std::min(default_length, ctx.tokens);
+    texts = sample_texts(m, t.samples, length, t.sample_seed, t.sample_temperature, t.sample_top_p);
+    o << t.samples << " texts of " << length << " tokens sampled from the full-cache model (seeds " << t.sample_seed
       << ".." << t.sample_seed + static_cast<std::uint64_t>(t.samples) - 1 << ", temperature " << t.sample_temperature
       << ", top-p " << t.sample_top_p << ")";
   } else {
@@ -158,18 +183,22 @@ std::string fixed(double x, int digits) {
 
 std::string kib(double bytes) { return fixed(bytes / 1024.0, 1) + " KiB"; }
 
-void describe_model(const model& m, const std::string& path) {
+void describe_model(const model& m, const std::string& path, const context_info& ctx) {
   const model_config& c = m.config;
-  std::cout << "model: " << path << "\n  " << c.layers << " layers, dim " << c.dim << ", " << c.q_heads
-            << " query heads / " << c.kv_heads << " KV heads, head_dim " << c.head_dim << ", SwiGLU hidden "
-            << c.hidden << ", vocab " << c.vocab << ", RMSNorm eps " << c.rms_eps << ", RoPE theta " << c.rope_theta
-            << (m.tied_output ? ", output tied to the embedding" : ", separate output matrix") << "\n";
+  std::cout << "model: " << path << " (" << ctx.model << ")\n  " << c.layers << " layers, dim " << c.dim << ", "
+            << c.q_heads << " query heads / " << c.kv_heads << " KV heads, head_dim " << c.head_dim
+            << ", SwiGLU hidden " << c.hidden << ", vocab " << c.vocab << ", RMSNorm eps " << c.rms_eps
+            << ", RoPE theta " << c.rope_theta
+            << (m.tied_output ? ", output tied to the embedding" : ", separate output matrix") << "\n  trained context "
+            << ctx.tokens << " tokens (" << ctx.source << ")\n";
 }
 
-// The table: one row per policy, one column per budget, NLL and its
-// relative increase over the full cache.
-void print_table(std::ostream& out, const std::vector<run_result>& results, const std::vector<std::int32_t>& budgets) {
+// The table of one protocol: one row per policy, one column per budget,
+// NLL and its relative increase over the full cache ("-": a cell not run).
+void print_table(std::ostream& out, const std::vector<run_result>& results, const std::vector<std::int32_t>& budgets,
+                 std::int32_t length) {
   const run_result& full = results.front();
+  const bool prefill = full.prompt > 0;
   std::vector<std::string> labels;
   std::map<std::pair<std::string, std::int32_t>, const run_result*> cell;
   for (std::size_t i = 1; i < results.size(); ++i) {
@@ -177,28 +206,50 @@ void print_table(std::ostream& out, const std::vector<run_result>& results, cons
     if (std::find(labels.begin(), labels.end(), r.label) == labels.end()) labels.push_back(r.label);
     cell[{r.label, r.budget}] = &r;
   }
-  std::size_t w0 = 12;
+  const auto any_at = [&](std::int32_t b) -> const run_result* {
+    for (const auto& l : labels)
+      if (const auto it = cell.find({l, b}); it != cell.end()) return it->second;
+    return nullptr;
+  };
+  std::size_t w0 = 14;
   for (const auto& l : labels) w0 = std::max(w0, l.size() + 1);
   const int w = 17;
-  out << "\nMean NLL (nats/token) over " << full.predictions << " predictions; in brackets the increase over the full cache ("
-      << fixed(full.nll(), 4) << ")\n";
-  out << std::left << std::setw(static_cast<int>(w0)) << "budget B" << std::right;
+  out << "\nProtocol " << full.protocol
+      << (prefill ? " (prompt of " + std::to_string(full.prompt) + " tokens prefilled and compressed to B, the rest "
+                    "teacher-forced with the cache growing)"
+                  : " (one token a step, compress at B)")
+      << ": mean NLL (nats/token) over " << full.predictions
+      << " predictions; in brackets the increase over the full cache (" << fixed(full.nll(), 4) << ")\n";
+  const auto row_label = [&](const std::string& l) { out << std::left << std::setw(static_cast<int>(w0)) << l << std::right; };
+  row_label("budget B");
   for (auto b : budgets) out << std::setw(w) << b;
   out << std::setw(w) << "full" << "\n";
-  out << std::left << std::setw(static_cast<int>(w0)) << "KV held" << std::right;
+  row_label("B / length");
+  for (auto b : budgets) out << std::setw(w) << fixed(100.0 * b / length, 1) + "%";
+  out << std::setw(w) << "" << "\n";
+  row_label("KV held");
   for (auto b : budgets) {
-    const run_result* any = labels.empty() ? nullptr : cell[{labels.front(), b}];
+    const run_result* any = any_at(b);
     out << std::setw(w) << (any ? fixed(100.0 * any->kv_fraction, 1) + "%" : "-");
   }
   out << std::setw(w) << "100.0%" << "\n";
-  for (const auto& l : labels) {
-    out << std::left << std::setw(static_cast<int>(w0)) << l << std::right;
+  if (prefill) {
+    row_label("prompt kept");
     for (auto b : budgets) {
-      const run_result* r = cell[{l, b}];
-      if (!r) {
+      const run_result* any = any_at(b);
+      out << std::setw(w) << (any ? fixed(100.0 * any->prompt_kv_fraction, 1) + "%" : "-");
+    }
+    out << std::setw(w) << "100.0%" << "\n";
+  }
+  for (const auto& l : labels) {
+    row_label(l);
+    for (auto b : budgets) {
+      const auto it = cell.find({l, b});
+      if (it == cell.end()) {
         out << std::setw(w) << "-";
         continue;
       }
+      const run_result* r = it->second;
       const double rel = 100.0 * (r->nll() - full.nll()) / full.nll();
       out << std::setw(w) << (fixed(r->nll(), 4) + " (" + (rel >= 0 ? "+" : "") + fixed(rel, 1) + "%)");
     }
@@ -206,40 +257,53 @@ void print_table(std::ostream& out, const std::vector<run_result>& results, cons
   }
 }
 
-void write_csv(const std::string& path, const std::vector<run_result>& results) {
+// Every protocol's rows, each relative to its own full cache. The columns
+// before `description` are those of earlier versions; `model`, `protocol`,
+// `prompt`, `prompt_kv_fraction` and `budget_fraction` (B / text length)
+// follow it.
+void write_csv(const std::string& path, const std::vector<std::vector<run_result>>& protocols,
+               const std::string& model_name, std::int32_t length) {
   std::ofstream o(path);
   if (!o) throw std::runtime_error("cannot write CSV '" + path + "'");
-  const double full = results.front().nll();
   o << "policy,budget,kv_fraction,kv_kib,state_kib,predictions,nll,nll_full,relative_increase,library_s,compress_s,"
-       "step_s,library_fraction,description\n";
-  for (const auto& r : results) {
-    o << r.label << "," << r.budget << "," << fixed(r.kv_fraction, 6) << "," << fixed(r.kv_bytes / 1024.0, 3) << ","
-      << fixed(r.state_bytes / 1024.0, 3) << "," << r.predictions << "," << fixed(r.nll(), 6) << ","
-      << fixed(full, 6) << "," << fixed((r.nll() - full) / full, 6) << "," << fixed(r.library_seconds, 6) << ","
-      << fixed(r.compress_seconds, 6) << "," << fixed(r.step_seconds, 6) << "," << fixed(r.step_seconds > 0 ? r.library_seconds / r.step_seconds : 0.0, 6)
-      << ",\"" << r.description << "\"\n";
+       "step_s,library_fraction,description,model,protocol,prompt,prompt_kv_fraction,budget_fraction\n";
+  for (const auto& results : protocols) {
+    const double full = results.front().nll();
+    for (const auto& r : results) {
+      o << r.label << "," << r.budget << "," << fixed(r.kv_fraction, 6) << "," << fixed(r.kv_bytes / 1024.0, 3) << ","
+        << fixed(r.state_bytes / 1024.0, 3) << "," << r.predictions << "," << fixed(r.nll(), 6) << ","
+        << fixed(full, 6) << "," << fixed((r.nll() - full) / full, 6) << "," << fixed(r.library_seconds, 6) << ","
+        << fixed(r.compress_seconds, 6) << "," << fixed(r.step_seconds, 6) << ","
+        << fixed(r.step_seconds > 0 ? r.library_seconds / r.step_seconds : 0.0, 6) << ",\"" << r.description << "\","
+        << model_name << "," << r.protocol << "," << r.prompt << ","
+        << fixed(r.prompt > 0 ? r.prompt_kv_fraction : 0.0, 6) << ","
+        << fixed(static_cast<double>(r.budget) / length, 6) << "\n";
+    }
   }
 }
 
 void print_library_time(std::ostream& out, const std::vector<run_result>& results) {
+  const bool prefill = !results.empty() && results.front().prompt > 0;
   double lib = 0.0, step = 0.0, full_step = 0.0;
   std::int64_t full_tokens = 0, tokens = 0;
   for (const auto& r : results) {
     if (r.budget == 0) {
       full_step += r.step_seconds;
-      full_tokens += r.predictions;
+      full_tokens += r.tokens_fed;
       continue;
     }
     lib += r.library_seconds;
     step += r.step_seconds;
-    tokens += r.predictions;
+    tokens += r.tokens_fed;
   }
-  out << "\nLibrary time (host::observe_* + host::compress, every layer) in the compressed runs: " << fixed(lib, 3)
-      << " s of " << fixed(step, 3) << " s of decode steps (" << fixed(step > 0 ? 100.0 * lib / step : 0.0, 1)
+  out << "\nLibrary time (host::observe_* + host::compress, every layer) in the compressed runs, protocol "
+      << (results.empty() ? std::string("decode") : results.front().protocol) << ": " << fixed(lib, 3) << " s of "
+      << fixed(step, 3) << (prefill ? " s of prefill and steps (" : " s of decode steps (")
+      << fixed(step > 0 ? 100.0 * lib / step : 0.0, 1)
       << "%); " << fixed(tokens ? 1e6 * lib / static_cast<double>(tokens) : 0.0, 1) << " us of "
       << fixed(tokens ? 1e6 * step / static_cast<double>(tokens) : 0.0, 1)
-      << " us per step (full cache, no library: " << fixed(full_tokens ? 1e6 * full_step / static_cast<double>(full_tokens) : 0.0, 1)
-      << " us per step)\n";
+      << " us per token fed (full cache, no library: "
+      << fixed(full_tokens ? 1e6 * full_step / static_cast<double>(full_tokens) : 0.0, 1) << " us per token)\n";
   // Per policy, since the static ones never read attention.
   struct sums {
     double library = 0, compress = 0, step = 0;
@@ -295,7 +359,7 @@ int synthetic_demo() {
   const auto results = evaluate_grid(m, texts, specs, budgets, o);
   std::cout << "synthetic demo: random 2-layer model, 2 random texts of 160 tokens (random weights have no\n"
                "persistence of importance, so the policies are expected to tie; this shows the mechanics only)\n";
-  print_table(std::cout, results, budgets);
+  print_table(std::cout, results, budgets, 160);
   print_library_time(std::cout, results);
   return 0;
 }
@@ -304,6 +368,7 @@ struct loaded {
   model weights;
   std::unique_ptr<tokenizer> tok;
   std::string path;
+  context_info context;
 };
 
 std::unique_ptr<loaded> load_model(const common_options& c, int& exit_code) {
@@ -318,6 +383,7 @@ std::unique_ptr<loaded> load_model(const common_options& c, int& exit_code) {
   l->weights = model::load(f);
   if (f.find("tokenizer.ggml.tokens")) l->tok = std::make_unique<tokenizer>(f);
   l->path = where.path;
+  l->context = resolve_context(l->weights.config, where.path, c.context);
   return l;
 }
 
@@ -357,6 +423,10 @@ int main(int argc, char** argv) {
   app.add_flag("--require-model", common.require_model, "exit 77 (CTest: skipped) when no model is found");
   app.add_option("--threads", common.threads, "worker threads for the evaluate grid (0: hardware, at most 8)")
       ->check(CLI::Range(0, 256));
+  app.add_option("--context", common.context,
+                 "the model's trained context in tokens, overriding the known-models table and the file's "
+                 "context_length (docs/llama.md: how it is determined)")
+      ->check(CLI::Range(2, 1 << 24));
 
   // generate
   auto* gen = app.add_subcommand("generate", "prompt in, text out, under a policy and budget");
@@ -385,15 +455,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies{"scissorhands",  "scissorhands:norm=1,label=scissorhands-norm",
                                     "h2o",           "h2o:norm=1,label=h2o-norm",
                                     "streaming",     "random"};
-  std::vector<std::int32_t> budgets{16, 32, 64, 96, 128, 192, 256};
+  // Fractions of the evaluated text length, so that models of different
+  // contexts compare (500 tokens: B = 16, 31, 63, 125, 250).
+  std::vector<std::string> budget_texts{"3.125%", "6.25%", "12.5%", "25%", "50%"};
+  std::vector<std::string> protocol_texts{"decode"};
   std::string csv = "llama_nll.csv", png = "llama_nll.png";
   bool no_plot = false;
   policy_options ev_opts;
   text_options ev_texts;
   ev->add_option("--policies", policies, "policy specs (space-separated). " + policy_help())->capture_default_str();
-  ev->add_option("--budgets", budgets, "budgets B (mean tokens per head and layer), comma-separated")->capture_default_str()
-      ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 24));
+  ev->add_option("--budgets", budget_texts,
+                 "budgets B (mean tokens per head and layer), comma-separated: a token count, or a percentage of the "
+                 "text length (a percentage a policy cannot run, e.g. not above its protected tokens, is skipped "
+                 "and reported; a token count is refused)")
+      ->capture_default_str()
+      ->delimiter(',');
+  ev->add_option("--protocol", protocol_texts,
+                 "decode (one token a step, compress at B), and/or prefill:P[:k] (P prompt tokens in one pass, the "
+                 "library observes all P queries or the last k, compresses each layer to B, the rest is "
+                 "teacher-forced with no further eviction); P may be a percentage of the text length (prefill:50%)")
+      ->capture_default_str();
   ev->add_option("--csv", csv, "where to write the CSV")->capture_default_str();
   ev->add_option("--plot", png, "where to draw the plot (PNG, via scripts/plot_nll.sh and gnuplot)")->capture_default_str();
   ev->add_flag("--no-plot", no_plot, "skip the plot");
@@ -428,7 +509,8 @@ int main(int argc, char** argv) {
     auto l = load_model(common, exit_code);
     if (!l) return exit_code;
     const model& m = l->weights;
-    describe_model(m, l->path);
+    const context_info& ctx = l->context;
+    describe_model(m, l->path, ctx);
 
     if (*info) {
       if (l->tok) {
@@ -443,7 +525,9 @@ int main(int argc, char** argv) {
 
     if (*gen) {
       finish_policy_options(gen_opts);
-      engine e(m, m.config.context);
+      // The engine never runs past the trained context: a prompt beyond it is
+      // refused, and --steps is clamped to what is left of it.
+      engine e(m, ctx.tokens);
       const bool full = gen_policy == "full";
       policy_spec spec;
       std::vector<std::int32_t> layer_budgets;
@@ -453,6 +537,16 @@ int main(int argc, char** argv) {
         e.set_policy(&spec, layer_budgets, source_of(common.observe));
       }
       std::vector<std::int32_t> tokens = l->tok ? l->tok->encode(prompt, true) : std::vector<std::int32_t>{1};
+      if (static_cast<std::int64_t>(tokens.size()) >= ctx.tokens)
+        throw std::invalid_argument("--prompt encodes to " + std::to_string(tokens.size()) +
+                                    " tokens (BOS included), leaving no room within " + describe_context(ctx) +
+                                    ": shorten it, or --context N to override");
+      if (static_cast<std::int64_t>(tokens.size()) + steps > ctx.tokens) {
+        const auto left = ctx.tokens - static_cast<std::int32_t>(tokens.size());
+        std::cerr << "note: --steps " << steps << " after a " << tokens.size() << "-token prompt would run past "
+                  << describe_context(ctx) << ": generating at most " << left << "\n";
+        steps = left;
+      }
       sampler next(temperature, top_p, seed);
       std::cout << "policy: " << (full ? "full cache" : spec.label + " (" + spec.describe() + ")") << "\n\n";
       if (l->tok) std::cout << l->tok->decode(tokens) << std::flush;
@@ -487,41 +581,81 @@ int main(int argc, char** argv) {
 
     if (*ev) {
       finish_policy_options(ev_opts);
+      std::vector<protocol> protocols;
+      for (const auto& p : protocol_texts) protocols.push_back(parse_protocol(p));
+      std::vector<budget_spec> budget_specs;
+      bool percentages = false;
+      for (const auto& b : budget_texts) {
+        budget_specs.push_back(parse_budget(b));
+        percentages = percentages || budget_specs.back().percent > 0.0;
+      }
       std::string what;
-      const auto texts = load_texts(ev_texts, m, l->tok.get(), what);
-      std::vector<policy_spec> specs;
-      for (const auto& p : policies) specs.push_back(parse_policy(p, ev_opts.overrides));
+      const auto texts = load_texts(ev_texts, m, l->tok.get(), ctx, what);
+      std::int32_t longest = 0, shortest = std::numeric_limits<std::int32_t>::max();
+      for (const auto& t : texts) {
+        longest = std::max(longest, static_cast<std::int32_t>(t.tokens.size()));
+        shortest = std::min(shortest, static_cast<std::int32_t>(t.tokens.size()));
+      }
+      for (auto& p : protocols) p = resolve_protocol(p, shortest);
+      // Budgets: token counts as given; percentages of the evaluated length
+      // (the longest text's tokens).
+      std::vector<std::int32_t> budgets;
+      for (const auto& b : budget_specs) budgets.push_back(resolve_budget(b, longest));
       std::sort(budgets.begin(), budgets.end());
       budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+      std::vector<policy_spec> specs;
+      for (const auto& p : policies) specs.push_back(parse_policy(p, ev_opts.overrides));
       eval_options o;
       o.layout = layout_of(common.layout);
       o.source = source_of(common.observe);
       o.allocator = allocator_of(ev_opts.allocator);
       o.slope = ev_opts.slope;
       o.threads = thread_count(common.threads);
-      std::size_t longest = 0;
-      for (const auto& t : texts) longest = std::max(longest, t.tokens.size());
       std::cout << "texts: " << what << "\n";
-      std::cout << "decode: one token per step; K (after RoPE) and V appended, attention, observe ("
-                << common.observe << "), compress at B; layout " << common.layout << ", budgets split "
-                << ev_opts.allocator << " across layers\npolicies:\n";
+      std::cout << "budgets:";
+      for (auto b : budgets) std::cout << " " << b;
+      std::cout << " (" << (percentages ? "percentages of " : "") << "the evaluated length " << longest
+                << "); layout " << common.layout << ", observe " << common.observe << ", budgets split "
+                << ev_opts.allocator << " across layers\nprotocols:";
+      for (const auto& p : protocols) std::cout << " " << p.label();
+      std::cout << "\npolicies:\n";
       std::size_t width = 0;
       for (const auto& s : specs) width = std::max(width, s.label.size() + 2);
       for (const auto& s : specs)
         std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << s.label << std::right << s.describe()
                   << "\n";
-      for (auto b : budgets)
-        if (static_cast<std::size_t>(b) >= longest)
-          std::cerr << "note: budget " << b << " is not below the longest text (" << longest
-                    << " tokens): it never evicts\n";
+      // (Percentages: the prefill cells with B >= P are skipped and listed below the table.)
+      for (const auto& p : protocols)
+        for (auto b : percentages ? std::vector<std::int32_t>{} : budgets) {
+          const std::int32_t reach = p.type == protocol::kind::prefill ? p.prompt : longest;
+          if (b >= reach)
+            std::cerr << "note: " << p.label() << ": budget " << b << " is not below the "
+                      << (p.type == protocol::kind::prefill ? "prompt (" : "longest text (") << reach
+                      << " tokens): it never evicts\n";
+        }
       std::cout << std::flush;
-      progress_line bar("evaluate");
-      const auto results = evaluate_grid(m, texts, specs, budgets, o, [&](std::size_t done, std::size_t total, const run_result& r) {
-        bar.update(done, total, r.label + (r.budget ? " B=" + std::to_string(r.budget) : ""));
-      });
-      print_table(std::cout, results, budgets);
-      print_library_time(std::cout, results);
-      write_csv(csv, results);
+      std::vector<std::vector<run_result>> all;
+      for (const auto& p : protocols) {
+        progress_line bar("evaluate " + p.label());
+        std::vector<skipped_cell> skipped;
+        all.push_back(evaluate_grid(
+            m, texts, specs, budgets, o, p,
+            [&](std::size_t done, std::size_t total, const run_result& r) {
+              bar.update(done, total, r.label + (r.budget ? " B=" + std::to_string(r.budget) : ""));
+            },
+            percentages ? &skipped : nullptr));
+        print_table(std::cout, all.back(), budgets, longest);
+        // Skipped cells, one line per budget and reason.
+        std::map<std::pair<std::int32_t, std::string>, std::vector<std::string>> why;
+        for (const auto& c : skipped) why[{c.budget, c.reason}].push_back(c.label);
+        for (const auto& [key, labels] : why) {
+          std::cout << "  not run at B = " << key.first << " (";
+          for (std::size_t i = 0; i < labels.size(); ++i) std::cout << (i ? ", " : "") << labels[i];
+          std::cout << "): " << key.second << "\n";
+        }
+        print_library_time(std::cout, all.back());
+      }
+      write_csv(csv, all, ctx.model, longest);
       std::cout << "\nCSV: " << csv << "\n";
       std::cout << std::flush;
       if (!no_plot && run_plot(csv, png) == 0) std::cout << "plot: " << png << "\n";
@@ -531,7 +665,7 @@ int main(int argc, char** argv) {
     if (*pe) {
       pe_opts.gqa = pe_gqa == "max" ? gqa_kind::max : gqa_kind::mean;
       std::string what;
-      const auto texts = load_texts(pe_texts, m, l->tok.get(), what);
+      const auto texts = load_texts(pe_texts, m, l->tok.get(), ctx, what);
       std::cout << "texts: " << what << "\n";
       std::cout << "pivotal: a(t,i) > " << pe_opts.alpha << "/n_t, per "
                 << (pe_opts.per_query_head ? "query head" : "KV head (" + pe_gqa + " over its query heads)")

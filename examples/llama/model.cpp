@@ -30,7 +30,9 @@ model model::load(const gguf_file& f, rope_pairing pairing) {
   c.hidden = positive_int(f, p + "feed_forward_length", 0, false);
   c.q_heads = positive_int(f, p + "attention.head_count", 0, false);
   c.kv_heads = positive_int(f, p + "attention.head_count_kv", static_cast<std::uint64_t>(c.q_heads), true);
-  c.context = positive_int(f, p + "context_length", 2048, true);
+  // As the file says (0 when absent); the context runs are kept within is
+  // resolve_context's (context.hpp), which knows files that say otherwise.
+  c.context = f.find(p + "context_length") ? positive_int(f, p + "context_length", 0, false) : 0;
   c.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
   c.rope_theta = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
   c.pairing = pairing;

@@ -26,7 +26,8 @@ struct model_config {
   std::int32_t head_dim = 0;
   std::int32_t hidden = 0;        // SwiGLU inner size
   std::int32_t vocab = 0;
-  std::int32_t context = 0;       // as the file says (a converter default for stories260K)
+  std::int32_t context = 0;       // llama.context_length as the file says (0: absent; 2048 for stories260K,
+                                  // a converter default): the trained context is resolve_context's (context.hpp)
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
   rope_pairing pairing = rope_pairing::interleaved;

@@ -39,6 +39,15 @@ model_location find_model(const std::string& explicit_path) {
   return where;
 }
 
+std::string find_shared_model(const std::string& file_name) {
+  const fs::path dir = fs::path(default_model_relative).parent_path();
+  for (const fs::path& c : {(fs::path(repo_root()) / dir / file_name).lexically_normal(), dir / file_name}) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return c.string();
+  }
+  return {};
+}
+
 std::string missing_model_help(const model_location& where) {
   std::ostringstream o;
   o << "No model file found (" << where.source << "); tried:\n";

@@ -24,6 +24,9 @@ struct model_location {
 model_location find_model(const std::string& explicit_path);
 // Step-by-step instructions naming every path tried.
 std::string missing_model_help(const model_location& where);
+// ../shared/models/<file_name> beside the repository (from the source tree,
+// then from the working directory): the path found, or empty.
+std::string find_shared_model(const std::string& file_name);
 // The repository this binary was built from (for scripts/plot_nll.sh).
 std::string repo_root();
 
