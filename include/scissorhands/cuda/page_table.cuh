@@ -193,7 +193,9 @@ inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_sp
                                      device_span<const std::int32_t> new_lengths, device_span<std::int32_t> released,
                                      shrink_result* d_result, cudaStream_t stream = 0) {
   const char* fn = "cuda::shrink_page_table";
+  using scissorhands::detail::byte_range;
   using scissorhands::detail::overlaps;
+  using scissorhands::detail::range_of;
   using scissorhands::detail::require;
   require(!indptr.empty() && indptr.data() != nullptr, fn, "indptr", "must hold batch + 1 entries, got ",
           indptr.size(), indptr.data() == nullptr ? " at a null pointer" : "");
@@ -210,14 +212,12 @@ inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_sp
   require(d_result != nullptr, fn, "d_result", "must point to a shrink_result in device memory");
   // Rewritten in place from one block: an array overlapping another would
   // be read after it was written.
-  const std::int32_t* table[] = {indptr.data(), indices.data(), last_page_len.data(), new_lengths.data(),
-                                 released.data()};
-  const std::size_t sizes[] = {indptr.size(), indices.size(), last_page_len.size(), new_lengths.size(),
-                               released.size()};
-  const char* names[] = {"indptr", "indices", "last_page_len", "new_lengths", "released"};
+  const byte_range ranges[] = {range_of(indptr, "indptr"), range_of(indices, "indices"),
+                               range_of(last_page_len, "last_page_len"), range_of(new_lengths, "new_lengths"),
+                               range_of(released, "released")};
   for (int i = 1; i < 5; ++i)
     for (int j = 0; j < i; ++j)
-      require(!overlaps(table[i], sizes[i], table[j], sizes[j]), fn, names[i], "must not overlap ", names[j]);
+      require(!overlaps(ranges[i], ranges[j]), fn, ranges[i].name, "must not overlap ", ranges[j].name);
   detail::page_table_args a;
   a.indptr = indptr.data();
   a.indices = indices.data();
