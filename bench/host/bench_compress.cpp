@@ -3,8 +3,11 @@
 // What each timed call sees. Every sequence holds exactly `budget` tokens
 // (compress triggers) and every token's score has just been redrawn, so the
 // m tokens to evict are scattered over the slots as in the middle of a long
-// decode. Between calls, untimed (manual timing, UseManualTime): the slots
-// the previous call emptied are filled again by admitting m new tokens
+// decode. compress writes the new lengths into a compress_output (it never
+// writes the engine's lengths). Between calls, untimed (manual timing,
+// UseManualTime): the engine applies them (copies new_lengths into its
+// lengths, as after the last layer of a step) and checks them, then the
+// slots the previous call emptied are filled again by admitting m new tokens
 // (host::admit: fresh positions and state; their K/V bytes are stale, which
 // compress does not look at), and the scores are redrawn from a pool of
 // Scissorhands-like window counts (integers 0..400, most of them small, so
@@ -57,7 +60,8 @@ void redraw_scores(const layer& l, const std::vector<float>& pool, std::uint64_t
   std::memcpy(l.state.scores, pool.data() + offset, n * sizeof(float));
 }
 
-// Back to `budget` tokens per sequence, the emptied slots re-admitted as new tokens.
+// Back to `budget` tokens per sequence (the engine appends m tokens to each),
+// the emptied slots re-admitted as new tokens.
 template <class Policy>
 void refill(const Policy& policy, const layer& l, std::int32_t budget, const std::vector<float>& pool,
             std::uint64_t iteration) {
@@ -142,7 +146,8 @@ template <class Policy>
 bool same_kept_tokens(const Policy& policy, const layer& l, const naive_target& dst, std::int32_t budget,
                       std::vector<naive_candidate>& candidates, std::vector<unsigned char>& keep) {
   naive_compress(policy, l, dst, budget, candidates, keep);
-  sh::host::compress(policy, l.cache, l.state, budget, l.workspace);
+  sh::host::compress(policy, l.cache, l.state, budget, l.workspace, l.out);
+  apply_new_lengths(l);
   const std::int32_t kept = budget - policy.config.evict_count;
   for (std::int32_t b = 0; b < l.batch; ++b) {
     if (l.cache.length(b) != kept) return false;
@@ -170,8 +175,13 @@ void compress_library(benchmark::State& st, Policy policy, std::int32_t batch, s
     refill(policy, l, budget, pool, iteration++);
     std::memcpy(before.data(), l.state.positions, before.size() * sizeof(std::int32_t));
     const double start = thread_seconds();
-    sh::host::compress(policy, l.cache, l.state, budget, l.workspace);
+    sh::host::compress(policy, l.cache, l.state, budget, l.workspace, l.out);
     st.SetIterationTime(thread_seconds() - start);
+    apply_new_lengths(l);  // the engine's part, untimed (it was inside compress before compress_output)
+    if (std::any_of(l.lengths.begin(), l.lengths.end(), [&](std::int32_t n) { return n != kept; })) {
+      st.SkipWithError("compress reported a new length other than budget - m");
+      break;
+    }
     // A slot below `kept` whose token changed received a moved row.
     for (std::int32_t b = 0; b < batch; ++b)
       for (std::int32_t h = 0; h < kv_heads; ++h) {

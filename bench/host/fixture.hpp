@@ -90,17 +90,21 @@ class arena_buffer {
 struct arenas {
   arena_buffer k, v, state, workspace;
   arena_buffer dst_k, dst_v, dst_state;  // the naive baseline's fresh buffers
-  std::vector<std::int32_t> lengths;
+  std::vector<std::int32_t> lengths;      // the engine's lengths (the view reads them, never writes)
+  std::vector<std::int32_t> new_lengths;  // compress_output::new_lengths
 };
 inline arenas& storage() {
   static arenas a;
   return a;
 }
 
-// One layer: the engine's cache (capacity slots per sequence and head) and
-// the library's state and workspace for it.
+// One layer: the engine's cache (capacity slots per sequence and head), its
+// lengths and the output compress writes the new ones into, and the
+// library's state and workspace for it.
 struct layer {
   sh::host_kv_view<float> cache;
+  sh::host_span<std::int32_t> lengths;  // what cache.lengths reads, as the engine writes it
+  sh::compress_output<sh::memory_space::host> out;
   host_state state;
   sh::host_span<std::byte> workspace;
   std::int32_t batch = 0;
@@ -116,12 +120,15 @@ layer make_layer(const Policy& policy, std::int32_t batch, std::int32_t capacity
   arenas& s = storage();
   const std::size_t elems = static_cast<std::size_t>(batch) * capacity * kv_heads * head_dim;
   s.lengths.assign(static_cast<std::size_t>(batch), 0);
+  s.new_lengths.assign(static_cast<std::size_t>(batch), 0);
   layer l;
   l.batch = batch;
   l.capacity = capacity;
+  l.lengths = sh::host_span<std::int32_t>(s.lengths.data(), s.lengths.size());
+  l.out.new_lengths = sh::host_span<std::int32_t>(s.new_lengths.data(), s.new_lengths.size());  // contiguous: no freed_pages
   l.cache = sh::make_kv_view(sh::host_span<float>(s.k.random_floats(elems, 1), elems),
                              sh::host_span<float>(s.v.random_floats(elems, 2), elems),
-                             sh::host_span<std::int32_t>(s.lengths.data(), s.lengths.size()), batch, kv_heads,
+                             sh::host_span<const std::int32_t>(s.lengths.data(), s.lengths.size()), batch, kv_heads,
                              head_dim, capacity, sh::named_layout::nhd);
   const sh::state_shape shape = sh::state_shape_for(policy, l.cache);
   const std::size_t state_bytes = sh::state_bytes(shape);
@@ -133,7 +140,13 @@ layer make_layer(const Policy& policy, std::int32_t batch, std::int32_t capacity
 }
 
 inline void set_lengths(const layer& l, std::int32_t length) {
-  for (std::int32_t b = 0; b < l.batch; ++b) l.cache.lengths[static_cast<std::size_t>(b)] = length;
+  for (std::int32_t b = 0; b < l.batch; ++b) l.lengths[static_cast<std::size_t>(b)] = length;
+}
+
+// What an engine does after compress (after the last layer that shares the
+// lengths): copy the new lengths into its own. O(batch), never timed.
+inline void apply_new_lengths(const layer& l) {
+  for (std::int32_t b = 0; b < l.batch; ++b) l.lengths[static_cast<std::size_t>(b)] = l.out.new_lengths[static_cast<std::size_t>(b)];
 }
 
 // Bytes of the library's per-token state that move with a token.

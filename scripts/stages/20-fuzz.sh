@@ -2,8 +2,10 @@
 # Stage 20: a bounded libFuzzer run of the host harness (tests/fuzz), with
 # ASan + UBSan, a fixed seed, from the committed seed corpus. A crash, a
 # sanitizer report or a broken invariant fails CI and leaves the input in
-# build-fuzz/ci_crashes/ (add it to tests/fuzz/corpus/ once fixed).
-# SCISSORHANDS_FUZZ_SECONDS sets the budget (default 120).
+# build-fuzz/ci_crashes/ (add it to tests/fuzz/corpus/ once fixed; run it
+# with FUZZ_TRACE=1 in the environment to see the program it decodes to).
+# SCISSORHANDS_FUZZ_SECONDS sets the budget (default 120),
+# SCISSORHANDS_FUZZ_BUILD_DIR the build directory (default build-fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${SCISSORHANDS_FUZZ_BUILD_DIR:-build-fuzz}

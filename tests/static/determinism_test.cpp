@@ -1,8 +1,13 @@
 // Determinism: the same inputs give the same evicted sets and the same bytes
-// (K, V, lengths, page table, state) whatever the scratch memory held, run
-// after run and run beside run on several threads. And the documented
-// tie-break (docs/hardening.md): lowest eviction score first, equal scores
-// older position first, -0 = +0, NaN above +inf.
+// (K, V, lengths, page table, state, compress outputs) whatever the scratch
+// memory held, run after run and run beside run on several threads. The
+// loop is an engine's: the state has more rows than the batch, sequences
+// sit on shuffled rows (state.for_batch), the state holds state_capacity_for
+// (budget, 1) slots rather than the cache's capacity, queries come uniform
+// or ragged, and the engine applies compress_output itself (copies the new
+// lengths, or shrink_page_table). And the documented tie-break
+// (docs/hardening.md): lowest eviction score first, equal scores older
+// position first, -0 = +0, NaN above +inf.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -57,13 +62,15 @@ void append_bytes(std::vector<std::uint8_t>& out, const T* p, std::size_t n) {
 struct trace {
   std::vector<std::uint8_t> bytes;
   std::vector<std::int32_t> evicted;
+  bool consistent = true;  // the page table shrink_page_table left holds compress's new lengths
   bool operator==(const trace&) const = default;
 };
 
 // A decode loop: prefill, then steps of append one token per sequence,
-// observe (probabilities or queries), compress at the budget with m > 1.
-// `scratch_seed` fills the workspace and the state buffer (before reset)
-// with different garbage per run: it must not matter.
+// observe (probabilities or queries, uniform or ragged), compress at the
+// budget, apply the new lengths. `scratch_seed` fills the workspace and the
+// state buffer (before reset) with different garbage per run: it must not
+// matter.
 template <class Policy, bool Paged>
 trace run(const sh::settings& s, std::uint64_t scratch_seed) {
   constexpr std::int32_t batch = 3, heads = 2, dim = 8, page = 4, max_pages = 12, capacity = page * max_pages,
@@ -111,12 +118,20 @@ trace run(const sh::settings& s, std::uint64_t scratch_seed) {
                                            {lengths.data(), lengths.size()}, batch, heads, dim, capacity,
                                            sh::named_layout::nhd);
   };
-  const sh::state_shape shape = sh::state_shape_for(policy, view());
+  // One more row than the batch, sequences on shuffled rows, and only the
+  // slots a decode at this budget needs (one token appended per compress).
+  sh::state_shape shape = sh::state_shape_for(policy, view());
+  shape.rows = batch + 1;
+  shape.capacity = sh::state_capacity_for(budget, 1);
+  const std::vector<std::int32_t> rows{2, 0, 3};
   aligned_bytes state_mem(sh::state_bytes(shape));
   state_mem.scribble(scratch_seed);
-  const auto state = sh::make_state(sh::host_span<std::byte>(state_mem.data, state_mem.size), shape);
-  sh::host::reset_state(state);
+  const auto base = sh::make_state(sh::host_span<std::byte>(state_mem.data, state_mem.size), shape);
+  sh::host::reset_state(base);
+  const auto state = base.for_batch({rows.data(), rows.size()});
   aligned_bytes workspace(sh::host::compress_workspace_bytes(view()) + 64);
+  std::vector<std::int32_t> new_lengths(batch, -1);
+  const std::vector<std::int32_t> qo_indptr{0, 1, 2, 3};  // one query each, as a ragged view
 
   trace out;
   std::vector<float> probs(static_cast<std::size_t>(batch) * q_heads * capacity);
@@ -130,8 +145,13 @@ trace run(const sh::settings& s, std::uint64_t scratch_seed) {
     if constexpr (Paged) sync_last();
     if (step % 3 == 2) {
       for (auto& x : queries) x = data.uniform() * 2.0f - 1.0f;
-      sh::host::observe_queries(policy, view(), state,
-                                sh::query_view<float, host>::dense({queries.data(), queries.size()}, q_heads, 1, dim));
+      const sh::host_span<const float> q(queries.data(), queries.size());
+      if (step % 2 == 0)
+        sh::host::observe_queries(policy, view(), state, sh::query_view<float, host>::dense(q, q_heads, 1, dim));
+      else
+        sh::host::observe_queries(policy, view(), state,
+                                  sh::query_view<float, host>::ragged(q, {qo_indptr.data(), qo_indptr.size()}, q_heads,
+                                                                      dim));
     } else {
       std::int32_t columns = 0;
       for (auto n : lengths) columns = std::max(columns, n);
@@ -142,10 +162,13 @@ trace run(const sh::settings& s, std::uint64_t scratch_seed) {
           for (std::int32_t t = 0; t < lengths[b]; ++t) sum += (row[t] = std::pow(data.uniform(), 4.0f) + 1e-3f);
           for (std::int32_t t = 0; t < lengths[b]; ++t) row[t] /= sum;
         }
-      sh::host::observe_probabilities(
-          policy, view(), state,
-          sh::probability_view<host>::dense({probs.data(), static_cast<std::size_t>(batch) * q_heads * columns},
-                                            q_heads, 1, columns));
+      const sh::host_span<const float> p(probs.data(), static_cast<std::size_t>(batch) * q_heads * columns);
+      // One query per sequence: dense [batch][q_heads][1][columns] is also
+      // ragged token-major [token][q_heads][columns].
+      sh::host::observe_probabilities(policy, view(), state,
+                                      step % 2 == 0 ? sh::probability_view<host>::dense(p, q_heads, 1, columns)
+                                                    : sh::probability_view<host>::ragged(
+                                                          p, {qo_indptr.data(), qo_indptr.size()}, q_heads, columns));
     }
     // Positions per head before, to list what compress evicted.
     std::vector<std::vector<std::int32_t>> before(batch * heads);
@@ -154,20 +177,29 @@ trace run(const sh::settings& s, std::uint64_t scratch_seed) {
         for (std::int32_t t = 0; t < lengths[b]; ++t) before[b * heads + h].push_back(state.positions[state.index(b, h, t)]);
     workspace.scribble(scratch_seed + static_cast<std::uint64_t>(step));
     sh::host::compress(policy, view(), state, budget, sh::host_span<std::byte>(workspace.data, workspace.size),
-                       Paged ? sh::host_span<std::int32_t>(freed.data(), freed.size()) : sh::host_span<std::int32_t>{});
+                       {{new_lengths.data(), new_lengths.size()},
+                        Paged ? sh::host_span<std::int32_t>(freed.data(), freed.size()) : sh::host_span<std::int32_t>{}});
+    append_bytes(out.bytes, new_lengths.data(), new_lengths.size());
+    append_bytes(out.bytes, freed.data(), freed.size());
+    // The engine applies the new lengths (one layer here: right away).
     if constexpr (Paged) {
       std::vector<std::int32_t> released(indices.size());
-      const std::size_t n = sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                                          {freed.data(), freed.size()}, {released.data(), released.size()});
+      const std::size_t n = sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                                        {last.data(), last.size()}, page,
+                                                        {new_lengths.data(), new_lengths.size()},
+                                                        {released.data(), released.size()});
       indices.resize(static_cast<std::size_t>(indptr[batch]));
       for (std::size_t i = 0; i < n; ++i) free_pages.push_back(released[i]);
       for (std::int32_t b = 0; b < batch; ++b) {
         const std::int32_t pages = indptr[b + 1] - indptr[b];
         lengths[b] = pages == 0 ? 0 : (pages - 1) * page + last[b];
+        out.consistent = out.consistent && lengths[b] == new_lengths[b];  // (no Catch2 assertion: runs on threads)
       }
       append_bytes(out.bytes, indptr.data(), indptr.size());
       append_bytes(out.bytes, indices.data(), indices.size());
       append_bytes(out.bytes, last.data(), last.size());
+    } else {
+      lengths = new_lengths;
     }
     for (std::int32_t b = 0; b < batch; ++b)
       for (std::int32_t h = 0; h < heads; ++h) {
@@ -189,6 +221,7 @@ template <class Policy, bool Paged>
 void check_deterministic(const sh::settings& s) {
   const trace first = run<Policy, Paged>(s, 1);
   REQUIRE(!first.evicted.empty());
+  CHECK(first.consistent);
   CHECK(first.evicted.size() > static_cast<std::size_t>(48 * 3 * 2));  // compress did evict, every step
   const trace second = run<Policy, Paged>(s, 2);
   CHECK(first.evicted == second.evicted);
@@ -272,8 +305,12 @@ struct tie_case {
   }
   // Positions left after compressing to budget 8 (so m tokens go), sorted.
   std::vector<std::int32_t> evicted() {
+    std::vector<std::int32_t> new_length(1, -1);
     sh::host::compress(policy, view(), state, 8,
-                       {reinterpret_cast<std::byte*>(workspace.data()), workspace.size() * 8}, {});
+                       {reinterpret_cast<std::byte*>(workspace.data()), workspace.size() * 8},
+                       {{new_length.data(), 1}, {}});
+    REQUIRE(new_length[0] == 8 - policy.config.evict_count);
+    lengths[0] = new_length[0];
     std::vector<std::int32_t> kept;
     for (std::int32_t t = 0; t < lengths[0]; ++t) {
       kept.push_back(state.positions[state.index(0, 0, t)]);

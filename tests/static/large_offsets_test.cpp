@@ -114,6 +114,13 @@ TEST_CASE("large: the state index passes 2^32 tokens", "[large]") {
   st.shape = {1 << 12, 32, 1 << 20, 0};  // 2^37 tokens: index maths only
   CHECK(st.index((1 << 12) - 1, 31, (1 << 20) - 1) == (std::int64_t{1} << 37) - 1);
   CHECK(st.index(2048, 0, 0) == std::int64_t{2048} * 32 * (1 << 20));
+  // Through a batch mapping: position 1 uses the last row.
+  const std::vector<std::int32_t> rows{0, (1 << 12) - 1, -1};
+  const auto mapped = st.for_batch({rows.data(), rows.size()});
+  CHECK(mapped.row(1) == (1 << 12) - 1);
+  CHECK(mapped.index(1, 31, (1 << 20) - 1) == (std::int64_t{1} << 37) - 1);
+  CHECK(mapped.row_index((1 << 12) - 1, 31, (1 << 20) - 1) == (std::int64_t{1} << 37) - 1);
+  CHECK(mapped.row(2) == -1);
 }
 
 TEST_CASE("large: state_bytes of a 2^29-token layer", "[large]") {
@@ -138,7 +145,9 @@ TEST_CASE("large: workspace bytes for 2^30 slots", "[large]") {
 
 TEST_CASE("large: paged capacity at the int32 limit", "[large][regression]") {
   // Regression: max_capacity() multiplied in int32 (overflow on an
-  // unvalidated view) and shrink rounded new_length + page_size - 1 in int32.
+  // unvalidated view), and rounding a length up to pages computed
+  // new_length + page_size - 1 in int32 (then in paged_kv_view::shrink, now
+  // in pages_for and host::shrink_page_table).
   std::vector<std::int32_t> indptr{0, 1}, indices{0}, last{INT32_MAX};
   sh::host_paged_kv_view<float> view{};
   view.indptr = {indptr.data(), indptr.size()};
@@ -149,22 +158,84 @@ TEST_CASE("large: paged capacity at the int32 limit", "[large][regression]") {
   view.max_pages_per_sequence = 1;
   CHECK(view.max_capacity() == INT32_MAX);
   CHECK(view.length(0) == INT32_MAX);
-  CHECK(view.shrink(0, INT32_MAX - 3) == 0);  // still one page
+  CHECK(view.pages_for(INT32_MAX) == 1);
+  CHECK(view.pages_for(INT32_MAX - 3) == 1);
+  CHECK(view.pages_for(1) == 1);
+  CHECK(view.pages_for(0) == 0);
+  CHECK(sh::length_after_compress(INT32_MAX, INT32_MAX, 1) == INT32_MAX - 1);
+  CHECK(sh::length_after_compress(INT32_MAX - 1, INT32_MAX, 1) == INT32_MAX - 1);  // below the budget: unchanged
+  // shrink_page_table at the limit: still one page, then none.
+  std::vector<std::int32_t> new_lengths{INT32_MAX - 3}, released{-1};
+  CHECK(sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                    {last.data(), last.size()}, INT32_MAX, {new_lengths.data(), 1},
+                                    {released.data(), released.size()}) == 0);
   CHECK(last[0] == INT32_MAX - 3);
-  CHECK(view.shrink(0, 0) == 1);
+  CHECK(indptr == std::vector<std::int32_t>{0, 1});
+  new_lengths[0] = 0;
+  CHECK(sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                    {last.data(), last.size()}, INT32_MAX, {new_lengths.data(), 1},
+                                    {released.data(), released.size()}) == 1);
   CHECK(last[0] == 0);
+  CHECK(indptr == std::vector<std::int32_t>{0, 0});
+  CHECK(released[0] == 0);
   view.max_pages_per_sequence = INT32_MAX;  // product ~2^62: clamped, not wrapped
   CHECK(view.max_capacity() == INT32_MAX);
   view.max_pages_per_sequence = -4;
   CHECK(view.max_capacity() == 0);
 }
 
+TEST_CASE("large: shrink_page_table with garbage far apart in indptr", "[large]") {
+  // Adjacent entries 2^32 apart: their difference is taken in 64 bits and
+  // refused, never wrapped into a small positive page count.
+  std::vector<std::int32_t> indptr{0, INT32_MAX, INT32_MIN}, indices{0}, last{1, 1}, new_lengths{0, 0}, released(4);
+  try {
+    (void)sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                                      {last.data(), last.size()}, 16, {new_lengths.data(), new_lengths.size()},
+                                      {released.data(), released.size()});
+    FAIL("a decreasing indptr was accepted");
+  } catch (const sh::invalid_argument& e) {
+    CHECK(e.argument() == "indptr");
+  }
+  CHECK(indptr == std::vector<std::int32_t>{0, INT32_MAX, INT32_MIN});  // nothing written
+}
+
 TEST_CASE("large: probability views past 2^31 values", "[large]") {
   // 64 query heads x 4096 queries x 2^20 columns per sequence: 2^38 values.
   const auto p = sh::probability_view<host>::dense({fake_data(), 1}, 64, 4096, 1 << 20);
   CHECK(p.sequence_stride == std::int64_t{1} << 38);
-  CHECK(sh::host::detail::reach(p.sequence_stride, 4, p.head_stride, 64, p.query_stride, 4096, 1 << 20) ==
+  CHECK(sh::host::detail::reach(p, p.sequence_stride, p.head_stride, p.query_stride, 4, 1 << 20) ==
         std::int64_t{4} << 38);
   const auto q = sh::query_view<float, host>::dense({fake_data(), 1}, 64, 1 << 20, 256);
   CHECK(q.sequence_stride == std::int64_t{1} << 34);
+  // The last row of sequence 3 starts past 2^39 (the offset row() adds, in 64 bits).
+  CHECK(sh::detail::query_offset(p.qo_indptr, p.sequence_stride, p.head_stride, p.query_stride, 3, 63, 4095) ==
+        (std::int64_t{4} << 38) - (1 << 20));
+}
+
+TEST_CASE("large: ragged views past 2^31 values", "[large]") {
+  // FlashInfer's token-major layout: 2^31 - 1 query tokens in all, 64 query
+  // heads, 2^20 columns: the last row starts near 2^57; token indices come
+  // from qo_indptr (int32) and are multiplied in 64 bits.
+  const std::vector<std::int32_t> qo_indptr{0, INT32_MAX - 4096, INT32_MAX};
+  const sh::host_span<const std::int32_t> qo(qo_indptr.data(), qo_indptr.size());
+  const auto p = sh::probability_view<host>::ragged({fake_data(), 1}, qo, 64, 1 << 20);
+  CHECK(p.query_stride == std::int64_t{64} << 20);
+  CHECK(p.queries_of(0) == INT32_MAX - 4096);
+  CHECK(p.queries_of(1) == 4096);
+  const std::int64_t last_row = (std::int64_t{INT32_MAX} - 1) * (std::int64_t{64} << 20) + std::int64_t{63} * (1 << 20);
+  CHECK(sh::detail::query_offset(qo, p.sequence_stride, p.head_stride, p.query_stride, 1, 63, 4095) == last_row);
+  CHECK(sh::host::detail::reach(p, p.sequence_stride, p.head_stride, p.query_stride, 2, 1 << 20) ==
+        last_row + (1 << 20));
+  // The same tokens' queries (head_dim 256) and FlashInfer's base-2 lse.
+  const auto qv = sh::query_view<float, host>::ragged({fake_data(), 1}, qo, 64, 256);
+  CHECK(sh::detail::query_offset(qo, qv.sequence_stride, qv.head_stride, qv.query_stride, 1, 63, 4095) ==
+        (std::int64_t{INT32_MAX} - 1) * 64 * 256 + 63 * 256);
+  const auto lse = sh::lse_view<host>::ragged({fake_data(), 1}, qo, 64);
+  CHECK(sh::host::detail::reach(qv, lse.sequence_stride, lse.head_stride, lse.query_stride, 2, 1) ==
+        std::int64_t{INT32_MAX} * 64);
+  // Uniform token-major lse: [batch * q_len][q_heads].
+  const auto tm = sh::lse_view<host>::token_major({fake_data(), 1}, 64, 1 << 20);
+  CHECK(tm.sequence_stride == std::int64_t{64} << 20);
+  CHECK(tm.query_stride == 64);
+  CHECK(tm.head_stride == 1);
 }

@@ -1,58 +1,94 @@
 // The translation unit clang-tidy checks the headers through
 // (scripts/stages/30-clang-tidy.sh): the umbrella header, plus one use of
 // every host entry point and policy so that templates are instantiated and
-// their bodies analysed, not only declared. Built as part of the tests so it
-// also compiles with g++.
+// their bodies analysed, not only declared: observe from dense and ragged
+// probabilities and queries (lse dense, token-major and ragged), admit,
+// compress into a compress_output, a state seen through a batch mapping,
+// reset_state / reset_sequence, shrink_page_table, the sizing helpers,
+// catch_errors, and the C++17 bridge's definitions (one policy).
+// Built as part of the tests so it also compiles with g++.
 #include <scissorhands/scissorhands.hpp>
+#include <scissorhands/bridge/bridge_impl.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+SCISSORHANDS_BRIDGE_DECLARE(tidy_bridge::f32, float);
+SCISSORHANDS_BRIDGE_DEFINE(tidy_bridge::f32, float, scissorhands::scissorhands_policy);
 
 namespace tidy {
 
 namespace sh = scissorhands;
 constexpr auto host = sh::memory_space::host;
 
+// What the engine owns next to the cache: outputs, the batch's state rows,
+// a step's qo_indptr, and the page table the outputs are applied to.
+struct engine_buffers {
+  std::vector<std::byte> workspace;
+  std::vector<std::int32_t> new_lengths, freed, state_rows, qo_indptr, indptr, indices, last_page_len, released;
+};
+
 template <class Policy, class View>
-void use_backend(const Policy& policy, View cache, sh::eviction_state<host> state, std::vector<std::byte>& workspace,
-                 std::vector<std::int32_t>& freed) {
-  sh::host::admit(policy, cache, state);
-  const std::vector<float> probs(64, 0.0f);
-  sh::host::observe_probabilities(policy, cache, state,
-                                  sh::probability_view<host>::dense({probs.data(), probs.size()}, 2, 1, 8));
-  sh::host::observe_queries(policy, cache, state,
-                            sh::query_view<float, host>::dense({probs.data(), probs.size()}, 2, 1, 4),
-                            sh::lse_view<host>::dense({probs.data(), probs.size()}, 2, 1, sh::lse_base::base2));
-  sh::host::compress(policy, cache, state, 8, {workspace.data(), workspace.size()}, {freed.data(), freed.size()});
+void use_backend(const Policy& policy, View cache, sh::eviction_state<host> state, engine_buffers& e) {
+  const sh::host_span<const std::int32_t> qo(e.qo_indptr.data(), e.qo_indptr.size());
+  const auto mapped = state.for_batch({e.state_rows.data(), e.state_rows.size()});
+  sh::host::admit(policy, cache, mapped);
+  const std::vector<float> data(64, 0.0f);
+  const sh::host_span<const float> values(data.data(), data.size());
+  sh::host::observe_probabilities(policy, cache, state, sh::probability_view<host>::dense(values, 2, 1, 8));
+  sh::host::observe_probabilities(policy, cache, mapped, sh::probability_view<host>::ragged(values, qo, 2, 8));
+  sh::host::observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4),
+                            sh::lse_view<host>::dense(values, 2, 1, sh::lse_base::base2));
+  sh::host::observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4),
+                            sh::lse_view<host>::token_major(values, 2, 1), 0.5f);
+  sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4),
+                            sh::lse_view<host>::ragged(values, qo, 2));
+  sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4));
+  const sh::compress_output<host> out{{e.new_lengths.data(), e.new_lengths.size()}, {e.freed.data(), e.freed.size()}};
+  sh::host::compress(policy, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, out);
+  sh::host::compress(policy, cache, state, 8, {e.workspace.data(), e.workspace.size()},
+                     {{e.new_lengths.data(), e.new_lengths.size()}, {}});
 }
 
 template <class Policy>
 void use_policy(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<float> paged, sh::eviction_state<host> state,
-                std::vector<std::byte>& workspace, std::vector<std::int32_t>& freed) {
+                engine_buffers& e) {
   const Policy policy{};
-  use_backend(policy, contiguous, state, workspace, freed);
-  use_backend(policy, paged, state, workspace, freed);
+  use_backend(policy, contiguous, state, e);
+  use_backend(policy, paged, state, e);
 }
 
 // Never called: it exists to be compiled and analysed.
 void instantiate(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<float> paged,
-                 sh::eviction_state<host> state, std::vector<std::byte>& workspace,
-                 std::vector<std::int32_t>& freed, std::vector<std::int32_t>& indptr,
-                 std::vector<std::int32_t>& indices) {
-  use_policy<sh::scissorhands_policy>(contiguous, paged, state, workspace, freed);
-  use_policy<sh::h2o_policy>(contiguous, paged, state, workspace, freed);
-  use_policy<sh::streaming_policy>(contiguous, paged, state, workspace, freed);
-  use_policy<sh::random_policy>(contiguous, paged, state, workspace, freed);
-  use_policy<sh::key_norm_policy>(contiguous, paged, state, workspace, freed);
+                 sh::eviction_state<host> state, engine_buffers& e) {
+  use_policy<sh::scissorhands_policy>(contiguous, paged, state, e);
+  use_policy<sh::h2o_policy>(contiguous, paged, state, e);
+  use_policy<sh::streaming_policy>(contiguous, paged, state, e);
+  use_policy<sh::random_policy>(contiguous, paged, state, e);
+  use_policy<sh::key_norm_policy>(contiguous, paged, state, e);
   use_policy<sh::eviction_policy<sh::attention_mass, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(
-      contiguous, paged, state, workspace, freed);
+      contiguous, paged, state, e);
+  use_policy<sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>>(
+      contiguous, paged, state, e);
+  use_policy<sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(
+      contiguous, paged, state, e);
   sh::host::reset_state(state);
   sh::host::reset_sequence(state, 0, 0);
-  (void)sh::host::release_freed_pages({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                      {freed.data(), freed.size()}, {indices.data(), indices.size()});
+  (void)sh::catch_errors([&] { sh::host::reset_sequence(state, 1, 0); });
+  // The engine applies compress's outputs to its FlashInfer page table.
+  (void)sh::host::shrink_page_table({e.indptr.data(), e.indptr.size()}, {e.indices.data(), e.indices.size()},
+                                    {e.last_page_len.data(), e.last_page_len.size()}, paged.page_size,
+                                    {e.new_lengths.data(), e.new_lengths.size()},
+                                    {e.released.data(), e.released.size()});
   (void)sh::host::compress_workspace_bytes(contiguous);
+  (void)sh::host::compress_workspace_bytes(paged);
   (void)sh::state_bytes(sh::state_shape_for(sh::scissorhands_policy{}, paged));
+  sh::state_shape budget_sized = sh::state_shape_for(sh::h2o_policy{}, contiguous);
+  budget_sized.capacity = sh::state_capacity_for(512, 16);
+  (void)sh::state_bytes(budget_sized);
+  (void)sh::state_bytes_per_token(sh::scissorhands_policy{});
+  (void)sh::length_after_compress(600, 512, 16);
   std::vector<std::byte> buffer(4096);
   (void)sh::make_state(sh::host_span<std::byte>(buffer.data(), buffer.size()), state.shape);
   (void)sh::allocate(sh::uniform_budget{}, sh::total_budget::tokens_per_head(512, 32), 32);
