@@ -41,7 +41,8 @@ class oracle {
         next_position_(static_cast<std::size_t>(batch), 0) {}
 
   static constexpr bool needs_attention() {
-    return std::is_same_v<observation, sh::attention_mass> || std::is_same_v<observation, sh::threshold_indicator>;
+    return std::is_same_v<observation, sh::attention_mass> || std::is_same_v<observation, sh::threshold_indicator> ||
+           std::is_same_v<observation, sh::unimportant_indicator>;
   }
 
   std::vector<token>& tokens(std::int32_t b, std::int32_t h) {
@@ -108,8 +109,11 @@ class oracle {
     return position >= next_position(b) - cfg_.recent || position < cfg_.sinks;
   }
 
+  // The oracle's own reading of the rule: counts of unimportant steps count
+  // against a token (highest first), every other score for it (lowest first).
   float eviction_score(const token& t) const {
-    return (cfg_.normalize && t.observed > 0.0f) ? t.score / t.observed : t.score;
+    const float v = (cfg_.normalize && t.observed > 0.0f) ? t.score / t.observed : t.score;
+    return std::is_same_v<observation, sh::unimportant_indicator> ? -v : v;
   }
 
   // When sequence b holds `budget` tokens or more, evicts len - budget + m
@@ -177,6 +181,8 @@ class oracle {
   float contribution(float p, std::int32_t visible) const {
     if constexpr (std::is_same_v<observation, sh::threshold_indicator>)
       return p >= cfg_.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
+    else if constexpr (std::is_same_v<observation, sh::unimportant_indicator>)
+      return p < cfg_.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
     else
       return p;
   }

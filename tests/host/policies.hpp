@@ -16,6 +16,9 @@ using indicator_decay = sh::eviction_policy<sh::threshold_indicator, sh::exponen
 using mass_window_max = sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>;
 using indicator_unbounded_max =
     sh::eviction_policy<sh::threshold_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
+using unimportant_window = sh::eviction_policy<sh::unimportant_indicator, sh::sliding_window>;
+using unimportant_unbounded_max =
+    sh::eviction_policy<sh::unimportant_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
 using key_norm_static = sh::eviction_policy<sh::key_norm, sh::unbounded_history>;
 using recency_static = sh::eviction_policy<sh::recency, sh::unbounded_history>;
 // A static score with a ring-carrying history: the ring must move untouched.

@@ -91,7 +91,8 @@ void run_contiguous() {
 
 TEMPLATE_TEST_CASE("contiguous caches match the oracle", "[oracle][contiguous]", mass_unbounded, mass_window,
                    mass_decay, indicator_unbounded, indicator_window, indicator_decay, mass_window_max,
-                   indicator_unbounded_max, key_norm_static, recency_static, random_static) {
+                   indicator_unbounded_max, unimportant_window, unimportant_unbounded_max, key_norm_static, recency_static,
+                   random_static) {
   run_contiguous<TestType>();
 }
 

@@ -90,7 +90,7 @@ void run_paged() {
 }  // namespace
 
 TEMPLATE_TEST_CASE("paged caches match the oracle", "[oracle][paged]", mass_unbounded, mass_window, mass_decay,
-                   indicator_unbounded, indicator_window, indicator_decay, mass_window_max, key_norm_static,
-                   recency_static, random_static) {
+                   indicator_unbounded, indicator_window, indicator_decay, mass_window_max, unimportant_window,
+                   key_norm_static, recency_static, random_static) {
   run_paged<TestType>();
 }

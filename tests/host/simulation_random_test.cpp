@@ -85,6 +85,7 @@ void run_random(std::uint64_t base, std::int32_t count) {
 
 TEMPLATE_TEST_CASE("random configurations match the oracle", "[oracle][random]", mass_unbounded, mass_window,
                    mass_decay, indicator_unbounded, indicator_window, indicator_decay, mass_window_max,
-                   indicator_unbounded_max, key_norm_static, recency_static, random_static) {
+                   indicator_unbounded_max, unimportant_window, unimportant_unbounded_max, key_norm_static, recency_static,
+                   random_static) {
   run_random<TestType>(1000, 40);
 }

@@ -94,7 +94,7 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                                                detail::compress_workspace::list_offset(cache.batch));
   ws.max_evict = max_evict;
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::select_kernel<typename Policy::protector>
+  detail::select_kernel<typename Policy::protector, evicts_highest<typename Policy::observation>>
       <<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state, budget, ws);
   const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
   const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));

@@ -18,10 +18,14 @@ SCISSORHANDS_HOST_DEVICE inline std::uint32_t ordered_bits(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// The score compress compares: optionally divided by the steps observed, so
-// a young token's short history neither favours nor penalises it.
-SCISSORHANDS_HOST_DEVICE inline float eviction_score(float score, float observed, const settings& s) {
-  return (s.normalize && observed > 0.0f) ? score / observed : score;
+// The score compress compares, lowest first: optionally divided by the steps
+// observed, so a young token's short history neither favours nor penalises
+// it, and negated for a policy whose score counts against the token
+// (evicts_highest), so its highest scores go first.
+SCISSORHANDS_HOST_DEVICE inline float eviction_score(float score, float observed, const settings& s,
+                                                     bool highest_first = false) {
+  const float v = (s.normalize && observed > 0.0f) ? score / observed : score;
+  return highest_first ? -v : v;
 }
 
 SCISSORHANDS_HOST_DEVICE inline std::uint64_t eviction_key(float score, std::int32_t position) {

@@ -139,7 +139,9 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
         if (detail::is_protected(policy, state, r, i)) continue;
         candidates[count++] = {
             scissorhands::detail::eviction_key(
-                scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg), state.positions[i]),
+                scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg,
+                                                     evicts_highest<typename Policy::observation>),
+                state.positions[i]),
             t};
       }
       // The `evict` smallest keys, in linear time; keys are unique (positions

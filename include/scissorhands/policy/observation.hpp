@@ -33,6 +33,24 @@ struct threshold_indicator {
   }
 };
 
+// The paper's Compress step: 1 when the token was *unimportant* at this
+// step, its probability below alpha times the uniform average 1 / n_t. Its
+// history counts unimportant steps, and compress evicts the HIGHEST counts
+// first (ties: the older token): a token that has just left the recent
+// window has had few chances to be unimportant and is kept, an old token
+// that keeps being ignored goes first. (threshold_indicator counts the
+// important steps and evicts the lowest count, which evicts young tokens
+// first; with settings.normalize the two rank alike.)
+struct unimportant_indicator {
+  static constexpr const char* name = "unimportant_indicator";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = true;          // contributions are 0 or 1
+  static constexpr bool evict_highest = true;   // the score counts against the token
+  SCISSORHANDS_HOST_DEVICE static float contribution(float probability, std::int32_t visible, const settings& s) {
+    return probability < s.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
+  }
+};
+
 // Static: tokens with a small key norm tend to draw high attention, so the
 // score is -||k||_2 (the largest norms are evicted first). The sum runs over
 // the dimensions in order with fmaf, on the host and the device alike, so
@@ -87,5 +105,14 @@ struct random_score {
     return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
   }
 };
+
+// Whether compress evicts an observation policy's highest scores first.
+template <class Observation>
+inline constexpr bool evicts_highest = [] {
+  if constexpr (requires { Observation::evict_highest; })
+    return static_cast<bool>(Observation::evict_highest);
+  else
+    return false;
+}();
 
 }  // namespace scissorhands

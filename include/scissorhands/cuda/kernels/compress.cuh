@@ -58,7 +58,7 @@ struct compress_workspace {
 };
 
 // The eviction key of slot t, or ignored_key for a protected token.
-template <class Protector>
+template <class Protector, bool HighestFirst>
 struct key_of_slot {
   settings cfg;
   const std::int32_t* positions;
@@ -68,8 +68,8 @@ struct key_of_slot {
   __device__ std::uint64_t operator()(std::int32_t t) const {
     const std::int32_t position = positions[t];
     if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
-    return scissorhands::detail::eviction_key(scissorhands::detail::eviction_score(scores[t], observed[t], cfg),
-                                              position);
+    return scissorhands::detail::eviction_key(
+        scissorhands::detail::eviction_score(scores[t], observed[t], cfg, HighestFirst), position);
   }
 };
 
@@ -91,7 +91,7 @@ struct key_in_tile {
   __device__ std::uint64_t operator()(std::int32_t t) const { return keys[t]; }
 };
 
-template <class Protector>
+template <class Protector, bool HighestFirst>
 __global__ void __launch_bounds__(select_traits::threads)
     select_kernel(settings cfg, sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t budget,
                   compress_workspace ws) {
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   if (state.status[r] != 0) return;
 
   const std::int64_t base = state.row_index(r, h, 0);
-  const key_of_slot<Protector> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
+  const key_of_slot<Protector, HighestFirst> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
                                           seq.next_position};
   std::int32_t* out = ws.list(b, h, state.shape.kv_heads);
   if (e == 1) {
