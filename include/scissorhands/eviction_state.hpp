@@ -81,8 +81,15 @@ struct eviction_state {
 
 // Slots a state needs for a budget and the most tokens appended between two
 // compress calls (1 when decoding; the chunk size for chunked prefill).
+// Throws invalid_argument for a non-positive argument or a sum beyond int32.
 constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_step_tokens) {
-  return budget + max_step_tokens - 1;
+  const char* fn = "state_capacity_for";
+  if (budget <= 0) detail::fail(fn, "budget", "must be positive, got ", budget);
+  if (max_step_tokens <= 0) detail::fail(fn, "max_step_tokens", "must be positive, got ", max_step_tokens);
+  const std::int64_t slots = std::int64_t{budget} + max_step_tokens - 1;
+  if (slots > INT32_MAX)
+    detail::fail(fn, "max_step_tokens", "plus budget - 1 must fit in int32, got ", slots);
+  return static_cast<std::int32_t>(slots);
 }
 
 // How long a sequence of `length` tokens is after compress at `budget`

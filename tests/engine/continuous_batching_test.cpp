@@ -158,7 +158,9 @@ class engine {
     for (std::int32_t r = 0; r < state_rows; ++r) free_rows_.push_back(r);
 
     const view_t probe = view(1);
-    workspace_ = std::make_unique<aligned_buffer>(sh::host::compress_workspace_bytes(probe));
+    // Sized by the state (a quarter of the table's capacity or less), not the cache.
+    workspace_ = std::make_unique<aligned_buffer>(sh::host::compress_workspace_bytes(probe, states_[0].shape));
+    REQUIRE(sh::host::compress_workspace_bytes(probe, states_[0].shape) < sh::host::compress_workspace_bytes(probe));
   }
 
   void run() {

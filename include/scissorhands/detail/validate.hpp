@@ -48,6 +48,9 @@ void validate_budget(const char* fn, const Policy& policy, std::int32_t budget) 
 template <class Policy, class View, memory_space Space>
 void validate_state_matches(const char* fn, const Policy& policy, const View& cache, const eviction_state<Space>& st) {
   validate_state(fn, st.shape, st.step);
+  // No mapping is {nullptr, 0}; a null pointer with a size is a caller's bug.
+  require(st.state_rows.data() != nullptr || st.state_rows.empty(), fn, "state.state_rows",
+          "must not be null when its size is ", st.state_rows.size());
   if (st.state_rows.data() == nullptr)
     require(st.shape.rows >= cache.batch, fn, "state.shape.rows",
             "must be at least cache.batch = ", cache.batch, " when no state_rows map the batch, got ", st.shape.rows);

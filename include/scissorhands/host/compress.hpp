@@ -49,14 +49,33 @@ inline bool is_protected(const Policy& policy, const eviction_state<memory_space
 
 }  // namespace detail
 
-// Bytes of workspace compress needs for this cache.
+namespace detail {
+// Slots compress may see in one (sequence, head): the cache's capacity, or
+// the state's when it is smaller (every length is checked against it).
 template <class View>
-std::size_t compress_workspace_bytes(const View& cache) {
-  const auto slots = static_cast<std::size_t>(std::max(cache.max_capacity(), 0));
-  std::size_t bytes = slots * sizeof(detail::candidate) + slots;  // candidates + evicted flags
+std::int32_t workspace_slots(const View& cache, std::int32_t state_capacity) {
+  return std::max(0, std::min(cache.max_capacity(), state_capacity));
+}
+template <class View>
+std::size_t workspace_bytes(const View& cache, std::int32_t slots) {
+  const auto n = static_cast<std::size_t>(slots);
+  std::size_t bytes = n * sizeof(candidate) + n;  // candidates + evicted flags
   if constexpr (requires { cache.num_pages; })
     bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
   return bytes;
+}
+}  // namespace detail
+
+// Bytes of workspace compress needs for this cache and this state (sized by
+// the smaller of the two capacities).
+template <class View>
+std::size_t compress_workspace_bytes(const View& cache, const state_shape& state) {
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity));
+}
+// The same for any state: sized by the cache's whole capacity.
+template <class View>
+std::size_t compress_workspace_bytes(const View& cache) {
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, INT32_MAX));
 }
 
 // Evicts and compacts K, V and the state. The cache's lengths and page
@@ -75,9 +94,10 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
   detail::validate_common(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
-  const std::size_t need = compress_workspace_bytes(cache);
+  const std::int32_t slots = detail::workspace_slots(cache, state.shape.capacity);
+  const std::size_t need = detail::workspace_bytes(cache, slots);
   detail::require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
-                  " bytes, below compress_workspace_bytes = ", need);
+                  " bytes, below compress_workspace_bytes(cache, state.shape) = ", need);
   detail::require(workspace.data() != nullptr, fn, "workspace", "must not be null");
   detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
@@ -105,7 +125,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
     // move under it. One mark per pool page in the workspace, cleared only
     // where the table points, so the check costs O(pages listed).
     auto* mark = reinterpret_cast<unsigned char*>(workspace.data()) +
-                 static_cast<std::size_t>(cache.max_capacity()) * (sizeof(detail::candidate) + 1);
+                 static_cast<std::size_t>(slots) * (sizeof(detail::candidate) + 1);
     const std::int32_t listed = cache.indptr[cache.batch];
     for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
     for (std::int32_t b = 0; b < cache.batch; ++b)
@@ -122,7 +142,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
 
   auto* candidates = reinterpret_cast<detail::candidate*>(workspace.data());
   auto* evicted = reinterpret_cast<unsigned char*>(workspace.data()) +
-                  static_cast<std::size_t>(cache.max_capacity()) * sizeof(detail::candidate);
+                  static_cast<std::size_t>(slots) * sizeof(detail::candidate);
   const settings& cfg = policy.config;
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);

@@ -66,6 +66,9 @@ void validate_query_counts(const char* fn, const View& cache, const Queries& vie
           cache.kv_heads, " (GQA group size), got ", view.q_heads);
   require(view.q_heads / cache.kv_heads <= host::max_group_size, fn, "q_heads", "/ kv_heads must be at most ",
           host::max_group_size, ", got ", view.q_heads / cache.kv_heads);
+  // Uniform is {nullptr, 0}; a null pointer with a size is a caller's bug.
+  require(view.ragged() || view.qo_indptr.empty(), fn, "qo_indptr", "must not be null when its size is ",
+          view.qo_indptr.size());
   if (view.ragged())
     require(view.qo_indptr.size() == static_cast<std::size_t>(cache.batch) + 1, fn, "qo_indptr",
             "must hold batch + 1 = ", std::int64_t{cache.batch} + 1, " entries, got ", view.qo_indptr.size());
