@@ -810,7 +810,7 @@ class fuzz_case {
     expect damage = expect::ok;              // refuse: invalid whatever else; unknown: not the model's mapping
     std::vector<std::int32_t> used;          // the row the library uses for each position (when in_range)
     bool in_range = true;                    // one entry per position, each -1 or a row, rows distinct
-    bool null_with_size = false;             // state_rows = {nullptr, batch}: either answer is accepted
+    bool null_with_size = false;             // state_rows = {nullptr, batch}: refused
   };
   call_rows rc_;
 
@@ -857,11 +857,10 @@ class fuzz_case {
           rc.damage = expect::refuse;
           break;
         case 4:
-          // state_rows = {nullptr, batch}. The library reads a null
-          // state_rows as "no mapping" (row b), whatever its size; the
-          // harness accepts either answer (see docs/hardening.md).
+          // state_rows = {nullptr, batch}: a caller's bug, not "no
+          // mapping" (as for lse): refused.
           rc.null_with_size = true;
-          rc.damage = expect::unknown;
+          rc.damage = expect::refuse;
           break;
         default:  // no mapping passed where the model has one: row b is used
           if (pass) rc.damage = expect::unknown;
@@ -1168,7 +1167,7 @@ class fuzz_case {
       return expect::refuse;
     if (damage == expect::unknown) return expect::unknown;
     if (!clean_shape_ || args_refuse || state_refuses(v)) return expect::refuse;
-    if (!clean_layout_ || !clean_cache_ || rc_.null_with_size) return expect::unknown;
+    if (!clean_layout_ || !clean_cache_) return expect::unknown;
     return args_ok ? expect::ok : expect::unknown;
   }
 

@@ -271,6 +271,15 @@ TEST_CASE("bad state rows and query tables are refused and change nothing", "[ba
     qo = {12, 13, 14, 14, 17};  // legal counts, but tokens 12..16 of a 16-token buffer
     CHECK(refusal(observe) == "queries.data");
   }
+  SECTION("null spans with a size (a caller's bug, not 'absent')") {
+    CHECK(refusal([&] {
+            sh::host::admit(policy, cache.view(), st.for_batch({nullptr, rows.size()}));
+          }) == "state.state_rows");
+    CHECK(refusal([&] {
+            sh::host::observe_queries(policy, cache.view(), st.for_batch({rows.data(), rows.size()}),
+                                      sh::query_view<float, host>::ragged({q.data(), q.size()}, {nullptr, 5}, QH, D));
+          }) == "qo_indptr");
+  }
   SECTION("ragged lse over another qo_indptr") {
     const std::vector<std::int32_t> other = qo;
     CHECK(refusal([&] {
