@@ -1,5 +1,7 @@
 #include "compressor.hpp"
 
+#include <type_traits>
+
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -12,7 +14,8 @@ namespace {
 
 const char* observation_name(observation_kind k) {
   switch (k) {
-    case observation_kind::threshold: return sh::threshold_indicator::name;
+    case observation_kind::important: return sh::important_indicator::name;
+    case observation_kind::unimportant: return sh::unimportant_indicator::name;
     case observation_kind::mass: return sh::attention_mass::name;
     case observation_kind::key_norm: return sh::key_norm::name;
     case observation_kind::recency: return sh::recency::name;
@@ -69,8 +72,9 @@ std::string policy_spec::describe() const {
   if (history == history_kind::window) o << " w=" << config.window;
   if (history == history_kind::decay) o << " decay=" << config.decay;
   o << " r=" << config.recent << " s=" << config.sinks << " m=" << config.evict_count;
-  if (observation == observation_kind::threshold) o << " alpha=" << config.alpha;
-  if (observation == observation_kind::threshold || observation == observation_kind::mass)
+  const bool indicator = observation == observation_kind::important || observation == observation_kind::unimportant;
+  if (indicator) o << " alpha=" << config.alpha;
+  if (indicator || observation == observation_kind::mass)
     o << " gqa=" << (gqa == gqa_kind::mean ? "mean" : "max");
   if (observation == observation_kind::random) o << " seed=" << config.seed;
   o << " norm=" << (config.normalize ? 1 : 0);
@@ -79,10 +83,13 @@ std::string policy_spec::describe() const {
 }
 
 std::string policy_help() {
-  return "presets: scissorhands (threshold_indicator + sliding_window), h2o (attention_mass + unbounded),\n"
-         "  streaming (recency + 4 sinks), random (random_score), keynorm (key_norm), decay (attention_mass +\n"
+  return "presets: scissorhands (the library's scissorhands_policy), scissorhands-paper (unimportant_indicator +\n"
+         "  sliding_window, raw counts: the paper's Compress), scissorhands-important (important_indicator +\n"
+         "  sliding_window), h2o (attention_mass + unbounded), tova (attention_mass of the last step: sliding_window\n"
+         "  w=1), streaming (recency + 4 sinks), random (random_score), keynorm (key_norm), decay (attention_mass +\n"
          "  exponential_decay); append :key=value,... with keys w r s m alpha decay norm gqa(mean|max) seed\n"
-         "  obs(threshold|mass|keynorm|recency|random) hist(window|unbounded|decay) compaction(fill|order) label";
+         "  obs(important|unimportant|mass|keynorm|recency|random) hist(window|unbounded|decay) compaction(fill|order)\n"
+         "  label";
 }
 
 policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
@@ -91,8 +98,26 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
   policy_spec p;
   p.label = preset;
   if (preset == "scissorhands") {
-    p.observation = observation_kind::threshold;
+    // The library's scissorhands_policy with its defaults.
+    const sh::scissorhands_policy library;
+    p.observation = std::is_same_v<sh::scissorhands_policy::observation, sh::unimportant_indicator>
+                        ? observation_kind::unimportant
+                        : observation_kind::important;
     p.history = history_kind::window;
+    p.config = library.config;
+  } else if (preset == "scissorhands-paper") {
+    const sh::scissorhands_paper_policy paper;
+    p.observation = observation_kind::unimportant;
+    p.history = history_kind::window;
+    p.config = paper.config;
+  } else if (preset == "scissorhands-important") {
+    p.observation = observation_kind::important;
+    p.history = history_kind::window;
+  } else if (preset == "tova") {
+    const sh::tova_policy tova;
+    p.observation = observation_kind::mass;
+    p.history = history_kind::window;
+    p.config = tova.config;
   } else if (preset == "h2o") {
     p.observation = observation_kind::mass;
     p.history = history_kind::unbounded;
@@ -110,7 +135,9 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     p.observation = observation_kind::mass;
     p.history = history_kind::decay;
   } else {
-    bad(text, "preset", "must be one of scissorhands, h2o, streaming, random, keynorm, decay; got '" + preset + "'");
+    bad(text, "preset",
+        "must be one of scissorhands, scissorhands-paper, scissorhands-important, h2o, tova, streaming, random, "
+        "keynorm, decay; got '" + preset + "'");
   }
   sh::settings& c = p.config;
   if (o.window) c.window = *o.window;
@@ -145,12 +172,13 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
       else if (v == "order") c.compaction_mode = sh::compaction::preserve_order;
       else bad(text, key, "must be fill or order, got '" + v + "'");
     } else if (key == "obs") {
-      if (v == "threshold") p.observation = observation_kind::threshold;
+      if (v == "important") p.observation = observation_kind::important;
+      else if (v == "unimportant") p.observation = observation_kind::unimportant;
       else if (v == "mass") p.observation = observation_kind::mass;
       else if (v == "keynorm") p.observation = observation_kind::key_norm;
       else if (v == "recency") p.observation = observation_kind::recency;
       else if (v == "random") p.observation = observation_kind::random;
-      else bad(text, key, "must be threshold, mass, keynorm, recency or random, got '" + v + "'");
+      else bad(text, key, "must be important, unimportant, mass, keynorm, recency or random, got '" + v + "'");
     } else if (key == "hist") {
       if (v == "window") p.history = history_kind::window;
       else if (v == "unbounded") p.history = history_kind::unbounded;
@@ -308,7 +336,9 @@ std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const st
                                                const std::vector<sh::host_kv_view<float>>& caches,
                                                observe_source source, std::int32_t capacity) {
   switch (spec.observation) {
-    case observation_kind::threshold: return pick_history<sh::threshold_indicator>(spec, budgets, caches, source, capacity);
+    case observation_kind::important: return pick_history<sh::important_indicator>(spec, budgets, caches, source, capacity);
+    case observation_kind::unimportant:
+      return pick_history<sh::unimportant_indicator>(spec, budgets, caches, source, capacity);
     case observation_kind::mass: return pick_history<sh::attention_mass>(spec, budgets, caches, source, capacity);
     case observation_kind::key_norm: return pick_history<sh::key_norm>(spec, budgets, caches, source, capacity);
     case observation_kind::recency: return pick_history<sh::recency>(spec, budgets, caches, source, capacity);

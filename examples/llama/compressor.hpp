@@ -14,7 +14,7 @@
 
 namespace llama {
 
-enum class observation_kind { threshold, mass, key_norm, recency, random };
+enum class observation_kind { important, unimportant, mass, key_norm, recency, random };
 enum class history_kind { window, unbounded, decay };
 enum class gqa_kind { mean, max };
 // Where the probabilities the library observes come from.
@@ -26,12 +26,12 @@ enum class observe_source {
 
 struct policy_spec {
   std::string label;  // the name shown in tables ("scissorhands", "h2o", ...)
-  observation_kind observation = observation_kind::threshold;
+  observation_kind observation = observation_kind::important;
   history_kind history = history_kind::window;
   gqa_kind gqa = gqa_kind::mean;
   scissorhands::settings config{};
 
-  // "threshold_indicator+sliding_window w=400 r=10 s=0 m=1 alpha=1 gqa=mean norm=0"
+  // "important_indicator+sliding_window w=400 r=10 s=0 m=1 alpha=1 gqa=mean norm=0"
   std::string describe() const;
 };
 

@@ -80,7 +80,7 @@ void add_policy_options(CLI::App* app, policy_options& p) {
       ->check(CLI::Range(0, 1 << 20));
   app->add_option("--evict,-m", o.evict_count, "m: tokens evicted per trigger (leaves B - m); default 1")
       ->check(CLI::Range(1, 1 << 20));
-  app->add_option("--alpha", o.alpha, "threshold_indicator: a token counts when a >= alpha / n; default 1");
+  app->add_option("--alpha", o.alpha, "important_indicator: a token counts when a >= alpha / n; default 1");
   app->add_option("--decay", o.decay, "exponential_decay factor in (0, 1]; default 0.95");
   app->add_option("--normalize", o.normalize, "divide scores by the steps observed (0/1); default 0");
   app->add_option("--gqa", p.gqa, "GQA reduction of a group's probabilities: mean (default) or max")

@@ -25,7 +25,7 @@
 //                 the scores of observe_queries, whose dot products are
 //                 summed in another order: |device - host| <= 1e-4 *
 //                 max(1, |host|), and for 0/1 observations
-//                 (threshold_indicator) at most 1% of the tokens of a step
+//                 (important_indicator) at most 1% of the tokens of a step
 //                 may flip (a probability within float rounding of
 //                 alpha / n). Before compress the device state is reset to
 //                 the host's, so compress is always compared exactly from
@@ -73,9 +73,9 @@ constexpr auto device_space = sh::memory_space::device;
 using p_scissorhands = sh::scissorhands_policy;
 using p_h2o = sh::h2o_policy;
 using p_mass_window = sh::eviction_policy<sh::attention_mass, sh::sliding_window>;
-using p_threshold_max = sh::eviction_policy<sh::threshold_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
+using p_threshold_max = sh::eviction_policy<sh::important_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
 using p_mass_decay_max = sh::eviction_policy<sh::attention_mass, sh::exponential_decay, sh::recent_window, sh::gqa_max>;
-using p_threshold_decay = sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay>;
+using p_threshold_decay = sh::eviction_policy<sh::important_indicator, sh::exponential_decay>;
 using p_key_norm = sh::key_norm_policy;
 using p_streaming = sh::streaming_policy;
 using p_random = sh::random_policy;

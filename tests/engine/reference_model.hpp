@@ -46,13 +46,13 @@ struct model_rules {
   using observation = typename Policy::observation;
   using history = typename Policy::history;
   static constexpr bool attention = std::is_same_v<observation, sh::attention_mass> ||
-                                    std::is_same_v<observation, sh::threshold_indicator>;
-  static constexpr bool indicator = std::is_same_v<observation, sh::threshold_indicator>;
+                                    std::is_same_v<observation, sh::important_indicator>;
+  static constexpr bool indicator = std::is_same_v<observation, sh::important_indicator>;
   static constexpr bool window = std::is_same_v<history, sh::sliding_window>;
   static constexpr bool gqa_max = std::is_same_v<typename Policy::gqa, sh::gqa_max>;
   static_assert(std::is_same_v<observation, sh::attention_mass> || indicator ||
                     std::is_same_v<observation, sh::recency>,
-                "the model knows attention_mass, threshold_indicator and recency");
+                "the model knows attention_mass, important_indicator and recency");
   static_assert(window || std::is_same_v<history, sh::unbounded_history>,
                 "the model knows sliding_window and unbounded_history");
 

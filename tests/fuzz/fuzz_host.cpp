@@ -623,7 +623,7 @@ class fuzz_case {
     bool ok = c.recent >= 0 && c.sinks >= 0 && c.evict_count >= 1 &&
               (c.compaction_mode == sh::compaction::fill_holes || c.compaction_mode == sh::compaction::preserve_order);
     if (std::is_same_v<Hist, sh::sliding_window>) ok = ok && c.window >= 1;
-    if (std::is_same_v<Obs, sh::threshold_indicator>) ok = ok && std::isfinite(c.alpha) && c.alpha > 0.0f;
+    if (std::is_same_v<Obs, sh::important_indicator>) ok = ok && std::isfinite(c.alpha) && c.alpha > 0.0f;
     if (std::is_same_v<Hist, sh::exponential_decay>) ok = ok && c.decay > 0.0f && c.decay <= 1.0f;
     return ok;
   }
@@ -2183,7 +2183,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 0: run_policy<sh::scissorhands_policy>(src, paged); break;
     case 1: run_policy<sh::h2o_policy>(src, paged); break;
     case 2: run_policy<sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>>(src, paged); break;
-    case 3: run_policy<sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(src, paged); break;
+    case 3: run_policy<sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(src, paged); break;
     case 4: run_policy<sh::eviction_policy<sh::attention_mass, sh::exponential_decay>>(src, paged); break;
     case 5: run_policy<sh::streaming_policy>(src, paged); break;
     case 6: run_policy<sh::random_policy>(src, paged); break;

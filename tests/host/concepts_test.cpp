@@ -16,13 +16,13 @@ using sh::settings;
 
 // ---- the shipped policies ------------------------------------------------
 static_assert(sh::attention_observation<sh::attention_mass>);
-static_assert(sh::attention_observation<sh::threshold_indicator>);
+static_assert(sh::attention_observation<sh::important_indicator>);
 static_assert(sh::static_observation<sh::key_norm>);
 static_assert(sh::static_observation<sh::recency>);
 static_assert(sh::static_observation<sh::random_score>);
 static_assert(!sh::static_observation<sh::attention_mass>);
 static_assert(!sh::attention_observation<sh::key_norm>);
-static_assert(sh::observation_policy<sh::attention_mass> && sh::observation_policy<sh::threshold_indicator> &&
+static_assert(sh::observation_policy<sh::attention_mass> && sh::observation_policy<sh::important_indicator> &&
               sh::observation_policy<sh::key_norm> && sh::observation_policy<sh::recency> &&
               sh::observation_policy<sh::random_score>);
 static_assert(sh::history_policy<sh::unbounded_history>);
@@ -53,7 +53,7 @@ static_assert(sh::settings{}.window == 400 && sh::settings{}.recent == 10 && sh:
 static_assert(sh::scissorhands_policy{}.ring_words() == 13);
 static_assert(sh::eviction_policy<sh::attention_mass, sh::sliding_window>{}.ring_words() == 400);
 static_assert(sh::h2o_policy{}.ring_words() == 0);
-static_assert(sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay>{}.ring_words() == 0);
+static_assert(sh::eviction_policy<sh::important_indicator, sh::exponential_decay>{}.ring_words() == 0);
 
 // ---- malformed policies --------------------------------------------------
 struct nameless_observation {

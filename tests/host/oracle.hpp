@@ -41,7 +41,7 @@ class oracle {
         next_position_(static_cast<std::size_t>(batch), 0) {}
 
   static constexpr bool needs_attention() {
-    return std::is_same_v<observation, sh::attention_mass> || std::is_same_v<observation, sh::threshold_indicator> ||
+    return std::is_same_v<observation, sh::attention_mass> || std::is_same_v<observation, sh::important_indicator> ||
            std::is_same_v<observation, sh::unimportant_indicator>;
   }
 
@@ -179,7 +179,7 @@ class oracle {
   }
 
   float contribution(float p, std::int32_t visible) const {
-    if constexpr (std::is_same_v<observation, sh::threshold_indicator>)
+    if constexpr (std::is_same_v<observation, sh::important_indicator>)
       return p >= cfg_.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
     else if constexpr (std::is_same_v<observation, sh::unimportant_indicator>)
       return p < cfg_.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;

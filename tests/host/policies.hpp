@@ -10,12 +10,12 @@ namespace sh = scissorhands;
 using mass_unbounded = sh::eviction_policy<sh::attention_mass, sh::unbounded_history>;
 using mass_window = sh::eviction_policy<sh::attention_mass, sh::sliding_window>;
 using mass_decay = sh::eviction_policy<sh::attention_mass, sh::exponential_decay>;
-using indicator_unbounded = sh::eviction_policy<sh::threshold_indicator, sh::unbounded_history>;
-using indicator_window = sh::eviction_policy<sh::threshold_indicator, sh::sliding_window>;
-using indicator_decay = sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay>;
+using indicator_unbounded = sh::eviction_policy<sh::important_indicator, sh::unbounded_history>;
+using indicator_window = sh::eviction_policy<sh::important_indicator, sh::sliding_window>;
+using indicator_decay = sh::eviction_policy<sh::important_indicator, sh::exponential_decay>;
 using mass_window_max = sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>;
 using indicator_unbounded_max =
-    sh::eviction_policy<sh::threshold_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
+    sh::eviction_policy<sh::important_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
 using unimportant_window = sh::eviction_policy<sh::unimportant_indicator, sh::sliding_window>;
 using unimportant_unbounded_max =
     sh::eviction_policy<sh::unimportant_indicator, sh::unbounded_history, sh::recent_window, sh::gqa_max>;

@@ -71,7 +71,7 @@ void instantiate(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<floa
       contiguous, paged, state, e);
   use_policy<sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>>(
       contiguous, paged, state, e);
-  use_policy<sh::eviction_policy<sh::threshold_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(
+  use_policy<sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(
       contiguous, paged, state, e);
   sh::host::reset_state(state);
   sh::host::reset_sequence(state, 0, 0);

@@ -21,7 +21,7 @@ void validate_settings(const char* fn, const Policy& policy) {
   require(s.evict_count >= 1, fn, "settings.evict_count", "must be at least 1, got ", s.evict_count);
   if constexpr (std::is_same_v<typename Policy::history, sliding_window>)
     require(s.window >= 1, fn, "settings.window", "must be at least 1, got ", s.window);
-  if constexpr (std::is_same_v<typename Policy::observation, threshold_indicator> ||
+  if constexpr (std::is_same_v<typename Policy::observation, important_indicator> ||
                 std::is_same_v<typename Policy::observation, unimportant_indicator>)
     require(std::isfinite(s.alpha) && s.alpha > 0.0f, fn, "settings.alpha", "must be finite and positive, got ",
             s.alpha);

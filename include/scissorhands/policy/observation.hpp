@@ -24,8 +24,8 @@ struct attention_mass {
 
 // Scissorhands: 1 when the token was important at this step, i.e. its
 // probability reached alpha times the uniform average 1 / n_t.
-struct threshold_indicator {
-  static constexpr const char* name = "threshold_indicator";
+struct important_indicator {
+  static constexpr const char* name = "important_indicator";
   static constexpr bool needs_attention = true;
   static constexpr bool binary = true;  // contributions are 0 or 1
   SCISSORHANDS_HOST_DEVICE static float contribution(float probability, std::int32_t visible, const settings& s) {
@@ -38,7 +38,7 @@ struct threshold_indicator {
 // history counts unimportant steps, and compress evicts the HIGHEST counts
 // first (ties: the older token): a token that has just left the recent
 // window has had few chances to be unimportant and is kept, an old token
-// that keeps being ignored goes first. (threshold_indicator counts the
+// that keeps being ignored goes first. (important_indicator counts the
 // important steps and evicts the lowest count, which evicts young tokens
 // first; with settings.normalize the two rank alike.)
 struct unimportant_indicator {

@@ -16,7 +16,7 @@ struct settings {
   std::int32_t recent = 10;        // r: the r most recent tokens are never evicted
   std::int32_t sinks = 0;          // s: tokens at positions 0..s-1 are never evicted
   std::int32_t evict_count = 1;    // m: tokens evicted per trigger (leaves budget - m)
-  float alpha = 1.0f;              // threshold_indicator: a token counts when a >= alpha / n
+  float alpha = 1.0f;              // important_indicator: a token counts when a >= alpha / n
   float decay = 0.95f;             // exponential_decay: score <- decay * score + observation
   bool normalize = false;          // divide a score by the steps the token was observed
   compaction compaction_mode = compaction::fill_holes;
