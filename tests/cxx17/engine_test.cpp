@@ -269,8 +269,9 @@ void run_paged_scenario() {
   check_ok(api::reset_state(state), "reset_state");
   check(reference_reset(reference.memory()), "reference reset_state");
   state = state.for_batch(cxx17_test::state_rows);
-  const std::size_t ws = api::compress_workspace_bytes(bridged.cache());
-  check(ws > 0, "compress_workspace_bytes");
+  // Sized by the state's capacity (what compress checks), at most the cache-wide size.
+  const std::size_t ws = api::compress_workspace_bytes(bridged.cache(), shape);
+  check(ws > 0 && ws <= api::compress_workspace_bytes(bridged.cache()), "compress_workspace_bytes");
   bridged.workspace.assign((ws + 7) / 8, 0);
   reference.workspace.assign((ws + 7) / 8, 0);
 

@@ -310,7 +310,8 @@ constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_
 //   make_state(buffer, bytes, shape, &state)      checks the buffer, fills the descriptor
 //   reset_state(state), reset_sequence(state, row, start_position)
 //   admit / observe_probabilities / observe_queries(settings, cache, state, ...)
-//   compress_workspace_bytes(cache)               cannot fail
+//   compress_workspace_bytes(cache[, state shape]) cannot fail (with the shape:
+//                                                 sized by the state's capacity)
 //   compress(settings, cache, state, budget, workspace, workspace_bytes, out)
 //   shrink_page_table(table, new_lengths, released, released_capacity, &released_count)
 #define SCISSORHANDS_BRIDGE_DECLARE(ns, Element)                                                                      \
@@ -358,6 +359,10 @@ constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_
                                                 float softmax_scale = 0.0f) noexcept;                                 \
   std::size_t compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache) noexcept;      \
   std::size_t compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache) noexcept;           \
+  std::size_t compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache,                \
+                                       const ::scissorhands::bridge::state_shape& shape) noexcept;                    \
+  std::size_t compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache,                     \
+                                       const ::scissorhands::bridge::state_shape& shape) noexcept;                    \
   ::scissorhands::bridge::error compress(const ::scissorhands::bridge::settings& settings,                            \
                                          const ::scissorhands::bridge::contiguous_cache<Element>& cache,              \
                                          const ::scissorhands::bridge::state& state, std::int32_t budget,             \

@@ -234,6 +234,12 @@ template <class Cache>
 std::size_t compress_workspace_bytes(const Cache& cache) noexcept {
   return host::compress_workspace_bytes(view_of(cache));  // shape arithmetic only: cannot throw
 }
+template <class Cache>
+std::size_t compress_workspace_bytes(const Cache& cache, const state_shape& shape) noexcept {
+  return host::compress_workspace_bytes(view_of(cache),
+                                        ::scissorhands::state_shape{shape.rows, shape.kv_heads, shape.capacity,
+                                                                    shape.ring_words});
+}
 
 template <class Policy, class Cache>
 error compress(const settings& s, const Cache& cache, const state& st, std::int32_t budget, void* workspace,
@@ -332,8 +338,16 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
   std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache) noexcept {  \
     return ::scissorhands::bridge::detail::compress_workspace_bytes(cache);                                            \
   }                                                                                                                    \
+  std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache,             \
+                                           const ::scissorhands::bridge::state_shape& shape) noexcept {                \
+    return ::scissorhands::bridge::detail::compress_workspace_bytes(cache, shape);                                     \
+  }                                                                                                                    \
   std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache) noexcept {       \
     return ::scissorhands::bridge::detail::compress_workspace_bytes(cache);                                            \
+  }                                                                                                                    \
+  std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache,                  \
+                                           const ::scissorhands::bridge::state_shape& shape) noexcept {                \
+    return ::scissorhands::bridge::detail::compress_workspace_bytes(cache, shape);                                     \
   }                                                                                                                    \
   ::scissorhands::bridge::error ns::compress(                                                                          \
       const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
