@@ -1012,6 +1012,14 @@ TEST_CASE("engine loop: scissorhands policy", "[engine][continuous_batching]") {
   run_all<sh::scissorhands_policy>(configs);
 }
 
+TEST_CASE("engine loop: important-step count", "[engine][continuous_batching]") {
+  std::vector<config> configs(1);
+  configs[0].input = feed::probabilities;
+  configs[0].settings = make_settings(2, 4, 1, 16, false, sh::compaction::fill_holes);
+  configs[0].seed = 13;
+  run_all<sh::important_count_policy>(configs);
+}
+
 TEST_CASE("engine loop: h2o policy", "[engine][continuous_batching]") {
   std::vector<config> configs(3);
   configs[0].input = feed::queries_lse;

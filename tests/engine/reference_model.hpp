@@ -45,14 +45,17 @@ template <class Policy>
 struct model_rules {
   using observation = typename Policy::observation;
   using history = typename Policy::history;
+  // unimportant_indicator counts the steps below the threshold and evicts
+  // the highest counts first (the paper's Compress).
+  static constexpr bool unimportant = std::is_same_v<observation, sh::unimportant_indicator>;
   static constexpr bool attention = std::is_same_v<observation, sh::attention_mass> ||
-                                    std::is_same_v<observation, sh::important_indicator>;
-  static constexpr bool indicator = std::is_same_v<observation, sh::important_indicator>;
+                                    std::is_same_v<observation, sh::important_indicator> || unimportant;
+  static constexpr bool indicator = std::is_same_v<observation, sh::important_indicator> || unimportant;
   static constexpr bool window = std::is_same_v<history, sh::sliding_window>;
   static constexpr bool gqa_max = std::is_same_v<typename Policy::gqa, sh::gqa_max>;
   static_assert(std::is_same_v<observation, sh::attention_mass> || indicator ||
                     std::is_same_v<observation, sh::recency>,
-                "the model knows attention_mass, important_indicator and recency");
+                "the model knows attention_mass, important_indicator, unimportant_indicator and recency");
   static_assert(window || std::is_same_v<history, sh::unbounded_history>,
                 "the model knows sliding_window and unbounded_history");
 
@@ -79,13 +82,14 @@ struct model_rules {
     }
     contribution c;
     if constexpr (indicator) {
-      c.exact = acc >= cfg.alpha / static_cast<float>(visible) ? 1.0f : 0.0f;
+      const bool reached = acc >= cfg.alpha / static_cast<float>(visible);
+      c.exact = (reached != unimportant) ? 1.0f : 0.0f;
       const double threshold = static_cast<double>(cfg.alpha) / visible;
       if (std::abs(accd - threshold) <= 1e-4 * threshold) {
         c.lo = 0.0;  // too close to call from outside the library's fp32 maths
         c.hi = 1.0;
       } else {
-        c.lo = c.hi = accd >= threshold ? 1.0 : 0.0;
+        c.lo = c.hi = ((accd >= threshold) != unimportant) ? 1.0 : 0.0;
       }
     } else {
       c.exact = acc;
@@ -124,8 +128,10 @@ struct model_rules {
     }
   }
 
+  // Lowest first: a count of unimportant steps counts against the token.
   float eviction_score(const model_token& t) const {
-    return (cfg.normalize && t.observed > 0.0f) ? t.score / t.observed : t.score;
+    const float v = (cfg.normalize && t.observed > 0.0f) ? t.score / t.observed : t.score;
+    return unimportant ? -v : v;
   }
   std::pair<double, double> eviction_bounds(const model_token& t) const {
     auto [lo, hi] = bounds(t);
@@ -133,6 +139,7 @@ struct model_rules {
       lo /= t.observed;
       hi /= t.observed;
     }
+    if (unimportant) return {-hi, -lo};
     return {lo, hi};
   }
   // How far the library's fp32 score of a real-valued observation may be

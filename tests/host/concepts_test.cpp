@@ -50,7 +50,11 @@ static_assert(!sh::composed_policy<sh::attention_mass>);
 // Paper defaults and the ring each history needs (1 bit a step for the
 // indicator, one word a step for real-valued observations).
 static_assert(sh::settings{}.window == 400 && sh::settings{}.recent == 10 && sh::settings{}.sinks == 0);
-static_assert(sh::scissorhands_policy{}.ring_words() == 13);
+static_assert(sh::scissorhands_paper_policy{}.ring_words() == 13);
+static_assert(sh::important_count_policy{}.ring_words() == 13);
+// The measured default: w = 25 (one word), normalised, r = 10 (docs/quality.md).
+static_assert(sh::scissorhands_policy{}.ring_words() == 1 && sh::scissorhands_policy{}.config.normalize);
+static_assert(sh::tova_policy{}.config.window == 1 && sh::tova_policy{}.ring_words() == 1);
 static_assert(sh::eviction_policy<sh::attention_mass, sh::sliding_window>{}.ring_words() == 400);
 static_assert(sh::h2o_policy{}.ring_words() == 0);
 static_assert(sh::eviction_policy<sh::important_indicator, sh::exponential_decay>{}.ring_words() == 0);

@@ -56,7 +56,8 @@ TEST_CASE("state arrays lie inside the buffer, aligned and disjoint", "[state]")
   // The shape a policy needs for a cache.
   const auto cache = make_contiguous(layout_kind::nhd, 2, 3, 8, 11, 1);
   auto c = cache;
-  CHECK(sh::state_shape_for(sh::scissorhands_policy{}, c.view()) == sh::state_shape{2, 3, 11, 13});
+  CHECK(sh::state_shape_for(sh::scissorhands_paper_policy{}, c.view()) == sh::state_shape{2, 3, 11, 13});
+  CHECK(sh::state_shape_for(sh::scissorhands_policy{}, c.view()) == sh::state_shape{2, 3, 11, 1});
 }
 
 TEST_CASE("reset_state zeroes every sequence", "[state]") {
