@@ -281,8 +281,11 @@ std::int32_t pages_in(const sh::host_paged_kv_view<float>& v, std::int32_t b) {
 // ---------------------------------------------------------------------------
 // The eviction order, written from the specification (docs/design.md): lower
 // eviction score first (NaN above +inf, -0 = +0), then smaller position.
-float eviction_score_of(float score, float observed, const sh::settings& s) {
-  return (s.normalize && observed > 0.0f) ? score / observed : score;
+// A count of unimportant steps counts against the token: negated, so its
+// highest counts go first.
+float eviction_score_of(float score, float observed, const sh::settings& s, bool highest_first) {
+  const float v = (s.normalize && observed > 0.0f) ? score / observed : score;
+  return highest_first ? -v : v;
 }
 int compare_scores(float a, float b) {
   const bool na = std::isnan(a), nb = std::isnan(b);
@@ -623,7 +626,8 @@ class fuzz_case {
     bool ok = c.recent >= 0 && c.sinks >= 0 && c.evict_count >= 1 &&
               (c.compaction_mode == sh::compaction::fill_holes || c.compaction_mode == sh::compaction::preserve_order);
     if (std::is_same_v<Hist, sh::sliding_window>) ok = ok && c.window >= 1;
-    if (std::is_same_v<Obs, sh::important_indicator>) ok = ok && std::isfinite(c.alpha) && c.alpha > 0.0f;
+    if (std::is_same_v<Obs, sh::important_indicator> || std::is_same_v<Obs, sh::unimportant_indicator>)
+      ok = ok && std::isfinite(c.alpha) && c.alpha > 0.0f;
     if (std::is_same_v<Hist, sh::exponential_decay>) ok = ok && c.decay > 0.0f && c.decay <= 1.0f;
     return ok;
   }
@@ -1991,7 +1995,9 @@ class fuzz_case {
           const std::size_t i = slot(r, h, t);
           const std::int32_t position = old_value(before, &state_.positions[i]);
           const float score = old_value(before, &state_.scores[i]), observed = old_value(before, &state_.observed[i]);
-          if (!is_protected(position, old_next, c)) cand.push_back({eviction_score_of(score, observed, c), position, t});
+          if (!is_protected(position, old_next, c)) cand.push_back({eviction_score_of(score, observed, c,
+                                            std::is_same_v<typename Policy::observation, sh::unimportant_indicator>),
+                          position, t});
         }
         FUZZ_CHECK(static_cast<std::int32_t>(cand.size()) >= evict, "compress evicted more than the unprotected tokens");
         std::sort(cand.begin(), cand.end(), [](const ranked& x, const ranked& y) {

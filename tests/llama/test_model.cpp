@@ -196,6 +196,8 @@ TEST_CASE("cache: a small budget evicts exactly the tokens the policy names", "[
             if (recent || sink) continue;
             float score = st.scores[i];
             if (cfg.normalize && st.observed[i] > 0.0f) score /= st.observed[i];
+            // The paper's count of unimportant steps goes highest first.
+            if (spec.observation == observation_kind::unimportant) score = -score;
             ranked.emplace_back(score, pos);
           }
           if (len < B) continue;

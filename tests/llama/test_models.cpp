@@ -235,6 +235,8 @@ TEST_CASE("prefill: one observe of q_len P (or k) and one compress to B, protect
             }
             float score = st.scores[i];
             if (spec.config.normalize && st.observed[i] > 0.0f) score /= st.observed[i];
+            // The paper's count of unimportant steps goes highest first.
+            if (spec.observation == observation_kind::unimportant) score = -score;
             ranked.emplace_back(score, pos);
           }
           std::sort(ranked.begin(), ranked.end());
