@@ -1761,7 +1761,7 @@ class fuzz_case {
     const std::int32_t budget =
         src_.rarely() ? garbage_int(src_) : src_.i32(1, std::clamp<std::int64_t>(max_len, 1, 1 << 20) + 1);
 
-    const std::size_t need = sh::host::compress_workspace_bytes(v);
+    const std::size_t need = sh::host::compress_workspace_bytes(v, state_.shape);  // what compress checks
     bool ws_ok = need <= (std::size_t{1} << 24);
     std::size_t ws_size = ws_ok ? need + static_cast<std::size_t>(src_.in(0, 8)) : 64;
     std::size_t ws_shift = 0;
