@@ -1,7 +1,9 @@
 #pragma once
 // Host backend, steps 3-4: when a sequence holds `budget` tokens or more,
 // evict from every KV head the lowest-scoring unprotected tokens so that
-// budget - m remain, and compact K, V and the state.
+// budget - m remain, and compact K, V and the state. A shared_heads policy
+// evicts the same slots from every head of the layer (granularity.hpp); a
+// shared_layers policy uses select (select.hpp) instead.
 //
 // Two-phase, like CUB: compress_workspace_bytes() first, then compress()
 // with a buffer of at least that many bytes. No allocation inside.
@@ -11,60 +13,10 @@
 #include <cstring>
 
 #include "../detail/eviction_key.hpp"
+#include "detail/eviction.hpp"
 #include "observe.hpp"
 
 namespace scissorhands::host {
-
-namespace detail {
-
-struct candidate {
-  std::uint64_t key;
-  std::int32_t slot;
-};
-
-// Moves token `from` to slot `to` of head h: K and V rows and all its state.
-template <class View>
-inline void move_token(const View& cache, const eviction_state<memory_space::host>& state, std::int32_t b,
-                       std::int32_t h, std::int32_t from, std::int32_t to) {
-  using T = typename View::element_type;
-  const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
-  std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
-  std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
-  const std::int64_t src = state.index(b, h, from);
-  const std::int64_t dst = state.index(b, h, to);
-  state.positions[dst] = state.positions[src];
-  state.scores[dst] = state.scores[src];
-  state.observed[dst] = state.observed[src];
-  const std::int32_t words = state.shape.ring_words;
-  if (words > 0)
-    std::memcpy(state.ring_of(dst), state.ring_of(src), sizeof(std::uint32_t) * static_cast<std::size_t>(words));
-}
-
-// Whether token state i of state row r is protected.
-template <class Policy>
-inline bool is_protected(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
-                         std::int64_t i) {
-  return Policy::protector::is_protected(state.positions[i], state.next_position[r], policy.config);
-}
-
-}  // namespace detail
-
-namespace detail {
-// Slots compress may see in one (sequence, head): the cache's capacity, or
-// the state's when it is smaller (every length is checked against it).
-template <class View>
-std::int32_t workspace_slots(const View& cache, std::int32_t state_capacity) {
-  return std::max(0, std::min(cache.max_capacity(), state_capacity));
-}
-template <class View>
-std::size_t workspace_bytes(const View& cache, std::int32_t slots) {
-  const auto n = static_cast<std::size_t>(slots);
-  std::size_t bytes = n * sizeof(candidate) + n;  // candidates + evicted flags
-  if constexpr (requires { cache.num_pages; })
-    bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
-  return bytes;
-}
-}  // namespace detail
 
 // Bytes of workspace compress needs for this cache and this state (sized by
 // the smaller of the two capacities).
@@ -91,6 +43,10 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
               host_span<std::byte> workspace, compress_output<memory_space::host> out) {
   const char* fn = "host::compress";
   static_assert(View::space == memory_space::host, "host::compress needs a host view");
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then host::select once per step and host::compact (or host::forget) per layer");
+  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
   detail::validate_common(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
@@ -117,6 +73,16 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
       for (std::int32_t t = 0; t < len; ++t) free += !detail::is_protected(policy, state, r, state.row_index(r, h, t));
       detail::require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
                       " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
+      if constexpr (shared) {
+        // One choice for all heads reads head 0's positions: every head
+        // must hold the same token at every slot.
+        const std::int64_t head0 = state.row_index(r, 0, 0), here = state.row_index(r, h, 0);
+        for (std::int32_t t = 0; t < len; ++t)
+          detail::require(state.positions[here + t] == state.positions[head0 + t], fn, "state.positions",
+                          "of sequence ", b, " slot ", t, " differ between head 0 and head ", h,
+                          ": a shared_heads policy needs every head to hold the same token at a slot (was the "
+                          "state compacted per head?)");
+      }
     }
   }
   if constexpr (paged) {
@@ -124,8 +90,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
     // sequence (prefix sharing) or the same list also names would see rows
     // move under it. One mark per pool page in the workspace, cleared only
     // where the table points, so the check costs O(pages listed).
-    auto* mark = reinterpret_cast<unsigned char*>(workspace.data()) +
-                 static_cast<std::size_t>(slots) * (sizeof(detail::candidate) + 1);
+    unsigned char* mark = detail::scratch_of(workspace.data(), slots).page_marks;
     const std::int32_t listed = cache.indptr[cache.batch];
     for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
     for (std::int32_t b = 0; b < cache.batch; ++b)
@@ -140,9 +105,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
     }
   }
 
-  auto* candidates = reinterpret_cast<detail::candidate*>(workspace.data());
-  auto* evicted = reinterpret_cast<unsigned char*>(workspace.data()) +
-                  static_cast<std::size_t>(slots) * sizeof(detail::candidate);
+  const detail::eviction_scratch scratch = detail::scratch_of(workspace.data(), slots);
   const settings& cfg = policy.config;
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
@@ -152,45 +115,29 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
     const std::int32_t r = state.row(b);
     const std::int32_t evict = len - budget + m;
     const std::int32_t kept = len - evict;
-    for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
-      std::int32_t count = 0;
-      for (std::int32_t t = 0; t < len; ++t) {
-        const std::int64_t i = state.row_index(r, h, t);
-        if (detail::is_protected(policy, state, r, i)) continue;
-        candidates[count++] = {
-            scissorhands::detail::eviction_key(
-                scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg,
-                                                     evicts_highest<typename Policy::observation>),
-                state.positions[i]),
-            t};
-      }
-      // The `evict` smallest keys, in linear time; keys are unique (positions
-      // are). One eviction (m = 1 at the budget) is a plain minimum scan,
-      // several times cheaper than nth_element's partitioning.
-      const auto by_key = [](const detail::candidate& a, const detail::candidate& c) { return a.key < c.key; };
-      if (evict == 1)
-        std::iter_swap(candidates, std::min_element(candidates, candidates + count, by_key));
-      else
-        std::nth_element(candidates, candidates + (evict - 1), candidates + count, by_key);
-      std::memset(evicted, 0, static_cast<std::size_t>(len));
-      for (std::int32_t k = 0; k < evict; ++k) evicted[candidates[k].slot] = 1;
-      if (cfg.compaction_mode == compaction::fill_holes) {
-        // Holes below `kept` take the surviving tokens above it, both in
-        // ascending slot order: O(evict) moves.
-        std::int32_t source = kept;
-        for (std::int32_t hole = 0; hole < kept; ++hole) {
-          if (!evicted[hole]) continue;
-          while (evicted[source]) ++source;
-          detail::move_token(cache, state, b, h, source, hole);
-          ++source;
+    if constexpr (shared) {
+      detail::choose_shared(policy, detail::single_layer(state), r, len, evict, 0, scratch);
+      detail::for_each_move(scratch.evicted, len, kept, cfg.compaction_mode, [&](std::int32_t from, std::int32_t to) {
+        for (std::int32_t h = 0; h < cache.kv_heads; ++h) detail::move_token(cache, state, b, h, from, to);
+      });
+    } else {
+      for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
+        std::int32_t count = 0;
+        for (std::int32_t t = 0; t < len; ++t) {
+          const std::int64_t i = state.row_index(r, h, t);
+          if (detail::is_protected(policy, state, r, i)) continue;
+          scratch.candidates[count++] = {
+              scissorhands::detail::eviction_key(
+                  scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg,
+                                                       evicts_highest<typename Policy::observation>),
+                  state.positions[i]),
+              t};
         }
-      } else {
-        std::int32_t to = 0;
-        for (std::int32_t from = 0; from < len; ++from) {
-          if (evicted[from]) continue;
-          if (from != to) detail::move_token(cache, state, b, h, from, to);
-          ++to;
-        }
+        detail::smallest_first(scratch.candidates, count, evict);
+        std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
+        for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+        detail::for_each_move(scratch.evicted, len, kept, cfg.compaction_mode,
+                              [&](std::int32_t from, std::int32_t to) { detail::move_token(cache, state, b, h, from, to); });
       }
     }
     out.new_lengths[b] = kept;

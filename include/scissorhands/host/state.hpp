@@ -5,6 +5,7 @@
 
 #include "../detail/validate.hpp"
 #include "../eviction_state.hpp"
+#include "../model_state.hpp"
 
 namespace scissorhands::host {
 
@@ -26,6 +27,20 @@ inline void reset_sequence(eviction_state<memory_space::host> state, std::int32_
   state.next_position[row] = start_position;
   state.tracked[row] = 0;
   state.status[row] = 0;
+}
+
+// The same for every layer of a model state (shared_layers eviction).
+inline void reset_state(model_state<memory_space::host> model) {
+  const char* fn = "host::reset_state";
+  detail::require(model.layers > 0 && model.first.step != nullptr, fn, "model",
+                  "is not laid out: build it with make_model_state");
+  for (std::int32_t l = 0; l < model.layers; ++l) reset_state(model.layer(l));
+}
+inline void reset_sequence(model_state<memory_space::host> model, std::int32_t row, std::int32_t start_position = 0) {
+  const char* fn = "host::reset_sequence";
+  detail::require(model.layers > 0 && model.first.step != nullptr, fn, "model",
+                  "is not laid out: build it with make_model_state");
+  for (std::int32_t l = 0; l < model.layers; ++l) reset_sequence(model.layer(l), row, start_position);
 }
 
 }  // namespace scissorhands::host

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "granularity.hpp"
 #include "settings.hpp"
 
 namespace scissorhands {
@@ -52,6 +53,23 @@ concept gqa_reduction = named_policy<P> && requires(float acc, std::int32_t grou
   { P::combine(acc, acc) } -> std::same_as<float>;
   { P::finish(acc, group) } -> std::same_as<float>;
 };
+
+// Combines eviction scores over the heads (or layers) that share a slot.
+template <class P>
+concept score_reduction = named_policy<P> && requires(float acc, std::int32_t count) {
+  { P::identity() } -> std::same_as<float>;
+  { P::combine(acc, acc) } -> std::same_as<float>;
+  { P::finish(acc, count) } -> std::same_as<float>;
+};
+
+// Which tokens leave together: per_head, shared_heads<R>, shared_layers<R, R>
+// (granularity.hpp).
+template <class G>
+concept granularity_policy = named_policy<G> && requires {
+  { G::kind } -> std::convertible_to<granularity_kind>;
+} && (G::kind == granularity_kind::per_head || score_reduction<typename G::head_reduction>) &&
+                             (G::kind != granularity_kind::shared_layers ||
+                              score_reduction<typename G::layer_reduction>);
 
 // Splits a total token budget across layers (setup time, may allocate).
 template <class A>

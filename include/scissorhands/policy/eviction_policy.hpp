@@ -2,6 +2,7 @@
 // One policy type composed at compile time from the four per-layer
 // policies, carrying the run-time settings.
 #include "concepts.hpp"
+#include "granularity.hpp"
 #include "gqa.hpp"
 #include "history.hpp"
 #include "observation.hpp"
@@ -11,12 +12,14 @@
 namespace scissorhands {
 
 template <observation_policy Observation = important_indicator, history_policy History = sliding_window,
-          protector_policy Protector = recent_window, gqa_reduction Gqa = gqa_mean>
+          protector_policy Protector = recent_window, gqa_reduction Gqa = gqa_mean,
+          granularity_policy Granularity = per_head>
 struct eviction_policy {
   using observation = Observation;
   using history = History;
   using protector = Protector;
   using gqa = Gqa;
+  using granularity = Granularity;
   settings config{};
 
   // 32-bit words of ring history each (sequence, head, slot) keeps.
@@ -59,8 +62,22 @@ concept composed_policy = requires(const P& p) {
   typename P::history;
   typename P::protector;
   typename P::gqa;
+  typename P::granularity;
   { p.config } -> std::convertible_to<settings>;
 } && observation_policy<typename P::observation> && history_policy<typename P::history> &&
-                          protector_policy<typename P::protector> && gqa_reduction<typename P::gqa>;
+                          protector_policy<typename P::protector> && gqa_reduction<typename P::gqa> &&
+                          granularity_policy<typename P::granularity>;
+
+// Any policy (a preset included, with its settings) at another granularity:
+// with_granularity<scissorhands_policy, shared_layers<>> keeps
+// scissorhands_policy's settings and evicts whole tokens across the model.
+template <class Policy, granularity_policy Granularity>
+struct with_granularity : Policy {
+  using granularity = Granularity;
+};
+
+// The policy's granularity, for `if constexpr`.
+template <class Policy>
+inline constexpr granularity_kind granularity_of = Policy::granularity::kind;
 
 }  // namespace scissorhands

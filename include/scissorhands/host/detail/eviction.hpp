@@ -1,0 +1,188 @@
+#pragma once
+// Host backend internals shared by compress (per_head, shared_heads) and by
+// select / compact / forget (shared_layers): the workspace layout, moving a
+// token, and choosing a sequence's victims from combined slot scores.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "../../detail/eviction_key.hpp"
+#include "../../eviction_state.hpp"
+#include "../../model_state.hpp"
+#include "../../policy/eviction_policy.hpp"
+
+namespace scissorhands::host::detail {
+
+struct candidate {
+  std::uint64_t key;
+  std::int32_t slot;
+};
+
+// Workspace, per slot a sequence may hold: a candidate, two running
+// reductions (shared granularities) and an evicted flag; then, for a paged
+// cache, one mark per pool page.
+struct eviction_scratch {
+  candidate* candidates;
+  float* head_acc;
+  float* layer_acc;
+  unsigned char* evicted;
+  unsigned char* page_marks;
+};
+inline constexpr std::size_t scratch_bytes_per_slot = sizeof(candidate) + 2 * sizeof(float) + 1;
+
+// Slots compress or select may see in one sequence: the cache's capacity,
+// or the state's when it is smaller (every length is checked against it).
+template <class View>
+std::int32_t workspace_slots(const View& cache, std::int32_t state_capacity) {
+  return std::max(0, std::min(cache.max_capacity(), state_capacity));
+}
+template <class View>
+std::size_t workspace_bytes(const View& cache, std::int32_t slots) {
+  std::size_t bytes = static_cast<std::size_t>(slots) * scratch_bytes_per_slot;
+  if constexpr (requires { cache.num_pages; })
+    bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
+  return bytes;
+}
+inline eviction_scratch scratch_of(std::byte* workspace, std::int32_t slots) {
+  const auto n = static_cast<std::size_t>(slots);
+  eviction_scratch s;
+  s.candidates = reinterpret_cast<candidate*>(workspace);
+  s.head_acc = reinterpret_cast<float*>(workspace + n * sizeof(candidate));
+  s.layer_acc = s.head_acc + n;
+  s.evicted = reinterpret_cast<unsigned char*>(s.layer_acc + n);
+  s.page_marks = s.evicted + n;
+  return s;
+}
+
+// Moves slot `from` of head h to slot `to`: the token's state, and its K and
+// V rows when a cache is given (forget moves the state only).
+inline void move_state(const eviction_state<memory_space::host>& state, std::int64_t src, std::int64_t dst) {
+  state.positions[dst] = state.positions[src];
+  state.scores[dst] = state.scores[src];
+  state.observed[dst] = state.observed[src];
+  const std::int32_t words = state.shape.ring_words;
+  if (words > 0)
+    std::memcpy(state.ring_of(dst), state.ring_of(src), sizeof(std::uint32_t) * static_cast<std::size_t>(words));
+}
+template <class View>
+inline void move_token(const View& cache, const eviction_state<memory_space::host>& state, std::int32_t b,
+                       std::int32_t h, std::int32_t from, std::int32_t to) {
+  using T = typename View::element_type;
+  const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
+  std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
+  std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
+  move_state(state, state.index(b, h, from), state.index(b, h, to));
+}
+
+// Whether token state i of state row r is protected.
+template <class Policy>
+inline bool is_protected(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
+                         std::int64_t i) {
+  return Policy::protector::is_protected(state.positions[i], state.next_position[r], policy.config);
+}
+
+// Puts the `evict` smallest keys of candidates[0, count) first, in linear
+// time; keys are unique (positions are). One eviction (m = 1 at the budget)
+// is a plain minimum scan, several times cheaper than nth_element.
+inline void smallest_first(candidate* candidates, std::int32_t count, std::int32_t evict) {
+  const auto by_key = [](const candidate& a, const candidate& c) { return a.key < c.key; };
+  if (evict == 1)
+    std::iter_swap(candidates, std::min_element(candidates, candidates + count, by_key));
+  else
+    std::nth_element(candidates, candidates + (evict - 1), candidates + count, by_key);
+}
+
+// The moves that close the holes `evicted` flags leave in slots [0, len):
+// fill_holes moves the survivors above `kept` into the holes below it, both
+// ascending (O(evicted) moves); preserve_order shifts every survivor down.
+template <class Move>
+inline void for_each_move(const unsigned char* evicted, std::int32_t len, std::int32_t kept, compaction mode,
+                          Move&& move) {
+  if (mode == compaction::fill_holes) {
+    std::int32_t source = kept;
+    for (std::int32_t hole = 0; hole < kept; ++hole) {
+      if (!evicted[hole]) continue;
+      while (evicted[source]) ++source;
+      move(source, hole);
+      ++source;
+    }
+  } else {
+    std::int32_t to = 0;
+    for (std::int32_t from = 0; from < len; ++from) {
+      if (evicted[from]) continue;
+      if (from != to) move(from, to);
+      ++to;
+    }
+  }
+}
+
+// The eviction score of slot t of state row r combined over every KV head,
+// then (shared_layers) over every layer of `model`, into scratch.layer_acc
+// (the value compared, lowest evicted first), in a fixed order: heads
+// 0..H-1 inside each layer, then layers 0..L-1.
+template <class Policy>
+void combine_slot_scores(const Policy& policy, const model_state<memory_space::host>& model, std::int32_t r,
+                         std::int32_t len, const eviction_scratch& scratch) {
+  using G = typename Policy::granularity;
+  using Heads = typename G::head_reduction;
+  constexpr bool highest = evicts_highest<typename Policy::observation>;
+  const settings& cfg = policy.config;
+  const std::int32_t heads = model.first.shape.kv_heads;
+  float* head_acc = scratch.head_acc;
+  float* layer_acc = scratch.layer_acc;
+  const auto head_pass = [&](const eviction_state<memory_space::host>& s) {
+    std::fill(head_acc, head_acc + len, Heads::identity());
+    for (std::int32_t h = 0; h < heads; ++h) {
+      const std::int64_t base = s.row_index(r, h, 0);
+      for (std::int32_t t = 0; t < len; ++t)
+        head_acc[t] = Heads::combine(
+            head_acc[t], scissorhands::detail::eviction_score(s.scores[base + t], s.observed[base + t], cfg, highest));
+    }
+  };
+  if constexpr (G::kind == granularity_kind::shared_layers) {
+    using Layers = typename G::layer_reduction;
+    std::fill(layer_acc, layer_acc + len, Layers::identity());
+    for (std::int32_t l = 0; l < model.layers; ++l) {
+      head_pass(model.layer(l));
+      for (std::int32_t t = 0; t < len; ++t)
+        layer_acc[t] = Layers::combine(layer_acc[t], Heads::finish(head_acc[t], heads));
+    }
+    for (std::int32_t t = 0; t < len; ++t) layer_acc[t] = Layers::finish(layer_acc[t], model.layers);
+  } else {
+    head_pass(model.first);
+    for (std::int32_t t = 0; t < len; ++t) layer_acc[t] = Heads::finish(head_acc[t], heads);
+  }
+}
+
+// Marks in scratch.evicted[0, len) the `evict` slots of row r with the
+// lowest combined score among those neither protected (positions of layer
+// 0, head 0: every head and layer holds the same token at a slot) nor
+// below `pinned`; ties to the older token.
+template <class Policy>
+void choose_shared(const Policy& policy, const model_state<memory_space::host>& model, std::int32_t r,
+                   std::int32_t len, std::int32_t evict, std::int32_t pinned, const eviction_scratch& scratch) {
+  combine_slot_scores(policy, model, r, len, scratch);
+  const eviction_state<memory_space::host>& s = model.first;
+  const std::int64_t base = s.row_index(r, 0, 0);
+  std::int32_t count = 0;
+  for (std::int32_t t = pinned; t < len; ++t) {
+    if (is_protected(policy, s, r, base + t)) continue;
+    scratch.candidates[count++] = {
+        scissorhands::detail::eviction_key(scratch.layer_acc[t], s.positions[base + t]), t};
+  }
+  smallest_first(scratch.candidates, count, evict);
+  std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
+  for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+}
+
+// A one-layer model over one layer's state (compress at shared_heads).
+inline model_state<memory_space::host> single_layer(const eviction_state<memory_space::host>& state) {
+  model_state<memory_space::host> m;
+  m.first = state;
+  m.layers = 1;
+  m.layer_bytes = 0;
+  return m;
+}
+
+}  // namespace scissorhands::host::detail

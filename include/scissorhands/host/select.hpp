@@ -1,0 +1,404 @@
+#pragma once
+// Host backend, shared_layers eviction (granularity.hpp): one choice of
+// slots per sequence for every head of every layer, as engines whose cache
+// slot is one token for the whole model need (vLLM's block table, SGLang's
+// token pool, llama.cpp's cells).
+//
+//   per step:  observe layer l into model.layer(l), for every layer
+//              select(policy, cache, model, budget, workspace, selection)
+//   then either (block-table engines: vLLM, FlashInfer)
+//              compact(policy, cache_of_layer(l), model.layer(l), selection, ...) for every layer
+//              shrink_page_table(..., selection.out.new_lengths, ...) once
+//   or (slot-allocator engines: SGLang, llama.cpp)
+//              free selection.cache_slots in the engine's allocator and
+//              remove them from the sequence's token list, keeping the order
+//              forget(policy, cache, model.layer(l), selection) for every layer
+//
+// select moves no data and writes only the selection; compact and forget
+// apply one selection to one layer. Each validates everything it reads
+// before writing anything; none allocates.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "../model_state.hpp"
+#include "../selection.hpp"
+#include "detail/eviction.hpp"
+#include "observe.hpp"
+
+namespace scissorhands::host {
+
+// Bytes of workspace select needs for this cache and this state shape (the
+// shape of one layer).
+template <class View>
+std::size_t select_workspace_bytes(const View& cache, const state_shape& state) {
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity));
+}
+
+// Bytes of workspace compact needs: one mark per pool page (paged caches,
+// for the shared-page check); 0 for a contiguous cache.
+template <class View>
+std::size_t compact_workspace_bytes(const View& cache) {
+  if constexpr (requires { cache.num_pages; })
+    return static_cast<std::size_t>(std::max(cache.num_pages, 0));
+  else
+    return 0;
+}
+
+namespace detail {
+
+inline byte_range model_range(const model_state<memory_space::host>& model) {
+  return {model.first.step, model.first.step == nullptr ? 0 : model.layer_bytes * static_cast<std::size_t>(model.layers),
+          "the model state"};
+}
+
+template <class View>
+void table_ranges(const View& cache, byte_range (&r)[3]) {
+  if constexpr (requires { cache.page_size; }) {
+    r[0] = range_of(cache.last_page_len, "cache.last_page_len");
+    r[1] = range_of(cache.indptr, "cache.indptr");
+    r[2] = range_of(cache.indices, "cache.indices");
+  } else {
+    r[0] = range_of(cache.lengths, "cache.lengths");
+    r[1] = r[2] = byte_range{nullptr, 0, ""};
+  }
+}
+
+template <class View>
+void kv_ranges(const View& cache, byte_range (&r)[2]) {
+  if constexpr (requires { cache.page_size; }) {
+    r[0] = range_of(cache.k_pages, "cache.k_pages");
+    r[1] = range_of(cache.v_pages, "cache.v_pages");
+  } else {
+    r[0] = range_of(cache.k, "cache.k");
+    r[1] = range_of(cache.v, "cache.v");
+  }
+}
+
+// The selection compact and forget read: counts per sequence within
+// [0, length] and the stride, slots strictly ascending in [0, length), none
+// protected in this layer's state, and the state tracking every token.
+template <class Policy, class View>
+void validate_selection_input(const char* fn, const Policy& policy, const View& cache,
+                              const eviction_state<memory_space::host>& state,
+                              const eviction_selection<memory_space::host>& sel) {
+  require(sel.stride >= 0, fn, "selection.stride", "must be non-negative, got ", sel.stride);
+  require(sel.counts.size() == static_cast<std::size_t>(cache.batch) && (cache.batch == 0 || sel.counts.data()), fn,
+          "selection.counts", "must hold batch = ", cache.batch, " entries (non-null), got ", sel.counts.size());
+  const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(sel.stride);
+  require(sel.slots.size() >= entries && (entries == 0 || sel.slots.data() != nullptr), fn, "selection.slots",
+          "must hold batch * stride = ", entries, " entries (non-null), got ", sel.slots.size());
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t count = sel.counts[b];
+    const std::int32_t len = cache.length(b);
+    require(count >= 0 && count <= len && count <= sel.stride, fn, "selection.counts", "[", b,
+            "] must be in [0, min(length ", len, ", stride ", sel.stride, ")], got ", count);
+    if (count == 0) continue;
+    const std::int32_t r = state.row(b);
+    require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
+            " tokens of sequence ", b, ": apply a selection to the state it was made from");
+    const std::int32_t* slots = sel.slots.data() + static_cast<std::size_t>(b) * static_cast<std::size_t>(sel.stride);
+    for (std::int32_t k = 0; k < count; ++k) {
+      require(slots[k] >= 0 && slots[k] < len && (k == 0 || slots[k] > slots[k - 1]), fn, "selection.slots", "[",
+              std::int64_t{b} * sel.stride + k, "] = ", slots[k], " must be in [0, ", len,
+              ") and above the entry before it (each sequence's slots ascending, no slot twice)");
+      for (std::int32_t h = 0; h < state.shape.kv_heads; ++h)
+        require(!is_protected(policy, state, r, state.row_index(r, h, slots[k])), fn, "selection.slots", "[",
+                std::int64_t{b} * sel.stride + k, "] = ", slots[k], " is a protected token of sequence ", b,
+                " (head ", h, ", position ", state.positions[state.row_index(r, h, slots[k])],
+                "): was the selection made for another step or state?");
+    }
+  }
+}
+
+// Applies the selection to one layer: `Move(b, from, to)` moves one slot
+// for every head; slots keep their order when `stable`.
+template <class View, class Move>
+void apply_selection(const View& cache, const eviction_state<memory_space::host>& state,
+                     const eviction_selection<memory_space::host>& sel, bool stable, Move&& move) {
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t count = sel.counts[b];
+    if (count == 0) continue;
+    const std::int32_t len = cache.length(b);
+    const std::int32_t kept = len - count;
+    const std::int32_t* slots = sel.slots.data() + static_cast<std::size_t>(b) * static_cast<std::size_t>(sel.stride);
+    if (!stable) {
+      // fill_holes without flags: the holes below `kept` are the first
+      // entries of the ascending list, the survivors above it are the slots
+      // of [kept, len) the rest of the list does not name.
+      std::int32_t next = 0;  // entries of the list below kept come first
+      while (next < count && slots[next] < kept) ++next;
+      std::int32_t above = next, source = kept;
+      for (std::int32_t k = 0; k < next; ++k) {
+        while (above < count && slots[above] == source) ++above, ++source;
+        move(b, source, slots[k]);
+        ++source;
+      }
+    } else {
+      std::int32_t to = slots[0], k = 0;
+      for (std::int32_t from = slots[0]; from < len; ++from) {
+        if (k < count && slots[k] == from) {
+          ++k;
+          continue;
+        }
+        move(b, from, to++);
+      }
+    }
+    state.tracked[state.row(b)] = kept;
+  }
+}
+
+}  // namespace detail
+
+// Chooses, for every sequence holding `budget` tokens or more, the
+// length - budget + m slots to evict from the whole model: each slot's
+// eviction score is combined over the heads of every layer of `model`
+// (Policy::granularity, a shared_layers<HeadReduction, LayerReduction>),
+// the protector's tokens and the first pinned_prefix[b] slots of sequence b
+// (a prefix shared with other requests, e.g. SGLang's radix cache) are
+// never chosen, and ties go to the older token. Writes, for every
+// sequence, selection.counts, the ascending slots (and cache_slots when
+// given) and out.new_lengths / out.freed_pages; moves nothing. `cache` is
+// any layer's view: select reads its lengths and page table only.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void select(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+            host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
+            host_span<const std::int32_t> pinned_prefix = {}) {
+  const char* fn = "host::select";
+  static_assert(View::space == memory_space::host, "host::select needs a host view");
+  static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
+                "host::select chooses one set of slots for the whole model: give the policy a shared_layers "
+                "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
+                "evict layer by layer with host::compress");
+  constexpr bool paged = requires { cache.page_size; };
+  detail::require(model.layers > 0 && model.first.step != nullptr, fn, "model", "is not laid out: build it with "
+                  "make_model_state");
+  detail::require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
+                  "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
+                  model.layer_bytes);
+  for (std::int32_t l = 0; l < model.layers; ++l) detail::validate_common(fn, policy, cache, model.layer(l));
+  detail::validate_budget(fn, policy, budget);
+  const std::int32_t m = policy.config.evict_count;
+  const state_shape& shape = model.first.shape;
+  // Workspace.
+  const std::int32_t slots = detail::workspace_slots(cache, shape.capacity);
+  const std::size_t need = detail::workspace_bytes(cache, slots);
+  detail::require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
+                  " bytes, below select_workspace_bytes(cache, shape) = ", need);
+  detail::require(workspace.data() != nullptr, fn, "workspace", "must not be null");
+  detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
+                  "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
+  // The selection's spans.
+  const std::int32_t stride_need = max_evictions(shape.capacity, budget, m);
+  detail::require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
+                  shape.capacity, ", budget ", budget, ", m ", m, ") = ", stride_need, ", got ", selection.stride);
+  const auto batch = static_cast<std::size_t>(cache.batch);
+  const std::size_t entries = batch * static_cast<std::size_t>(selection.stride);
+  detail::require(selection.counts.size() == batch && (batch == 0 || selection.counts.data() != nullptr), fn,
+                  "selection.counts", "must hold batch = ", batch, " entries (non-null), got ",
+                  selection.counts.size());
+  detail::require(selection.slots.size() >= entries && (entries == 0 || selection.slots.data() != nullptr), fn,
+                  "selection.slots", "must hold batch * stride = ", entries, " entries (non-null), got ",
+                  selection.slots.size());
+  detail::require(selection.cache_slots.empty() ||
+                      (selection.cache_slots.size() >= entries && selection.cache_slots.data() != nullptr),
+                  fn, "selection.cache_slots", "must be empty or hold batch * stride = ", entries,
+                  " entries (non-null), got ", selection.cache_slots.size());
+  if constexpr (paged)
+    detail::require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX,
+                    fn, "selection.cache_slots", "are int32: num_pages * page_size = ",
+                    std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
+  detail::require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
+                  "must not be null when its size is ", pinned_prefix.size());
+  detail::require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
+                  "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
+  {
+    // Outputs must not overlap anything the call reads, nor each other.
+    // (validate_output checks out.* against the cache, layer 0 and the
+    // workspace; the whole model and the other outputs are checked here.)
+    detail::validate_output(fn, cache, model.first, selection.out, {workspace.data(), workspace.size(), "workspace"});
+    detail::byte_range table[3];
+    detail::table_ranges(cache, table);
+    const detail::byte_range inputs[] = {table[0],
+                                 table[1],
+                                 table[2],
+                                 detail::range_of(model.first.state_rows, "state.state_rows"),
+                                 detail::model_range(model),
+                                 {workspace.data(), workspace.size(), "workspace"},
+                                 detail::range_of(pinned_prefix, "pinned_prefix")};
+    const detail::byte_range outputs[] = {detail::range_of(selection.counts, "selection.counts"),
+                                  {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
+                                  {selection.cache_slots.data(),
+                                   selection.cache_slots.empty() ? 0 : entries * sizeof(std::int32_t),
+                                   "selection.cache_slots"},
+                                  detail::range_of(selection.out.new_lengths, "selection.out.new_lengths"),
+                                  detail::range_of(selection.out.freed_pages, "selection.out.freed_pages")};
+    for (std::size_t i = 0; i < std::size(outputs); ++i) {
+      for (const detail::byte_range& in : inputs)
+        detail::require(!detail::overlaps(outputs[i], in), fn, outputs[i].name, "must not overlap ", in.name);
+      for (std::size_t j = 0; j < i; ++j)
+        detail::require(!detail::overlaps(outputs[i], outputs[j]), fn, outputs[i].name, "must not overlap ",
+                        outputs[j].name);
+    }
+  }
+  // Every sequence that triggers: every layer tracks all its tokens, at the
+  // same positions in every head and layer, and enough of them are neither
+  // protected nor pinned.
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
+    detail::require(pinned >= 0 && (len == 0 || pinned <= len), fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
+                    "] (the sequence's length), got ", pinned);
+    if (len < budget) continue;
+    const std::int32_t r = model.first.row(b);
+    const eviction_state<memory_space::host> first = model.first;
+    const std::int64_t base = first.row_index(r, 0, 0);
+    for (std::int32_t l = 0; l < model.layers; ++l) {
+      const eviction_state<memory_space::host> s = model.layer(l);
+      detail::require(s.tracked[r] == len, fn, "model", "layer ", l, " tracks ", s.tracked[r], " of the ", len,
+                      " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
+      detail::require(s.next_position[r] == first.next_position[r], fn, "model", "layer ", l,
+                      " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
+                      first.next_position[r], ": every layer must see the same tokens");
+      for (std::int32_t h = 0; h < shape.kv_heads; ++h) {
+        const std::int64_t here = s.row_index(r, h, 0);
+        for (std::int32_t t = 0; t < len; ++t)
+          detail::require(s.positions[here + t] == first.positions[base + t], fn, "model", "layer ", l, " head ", h,
+                          " holds position ", s.positions[here + t], " at slot ", t, " of sequence ", b,
+                          ", layer 0 head 0 holds ", first.positions[base + t],
+                          ": shared_layers needs one token per slot in every layer and head (was a layer "
+                          "compressed on its own?)");
+      }
+    }
+    const std::int32_t evict = len - budget + m;
+    std::int32_t free = 0;
+    for (std::int32_t t = pinned; t < len; ++t) free += !detail::is_protected(policy, first, r, base + t);
+    detail::require(free >= evict, fn, pinned > 0 ? "pinned_prefix" : "state.positions", "of sequence ", b,
+                    " leave ", free, " tokens that are neither protected nor pinned, fewer than the ", evict,
+                    " to evict (pinned ", pinned, ", budget ", budget, ")");
+  }
+
+  const detail::eviction_scratch scratch = detail::scratch_of(workspace.data(), slots);
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    selection.out.new_lengths[b] = len;
+    if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = 0;
+    selection.counts[b] = 0;
+    if (len < budget) continue;
+    const std::int32_t r = model.first.row(b);
+    const std::int32_t evict = len - budget + m;
+    const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
+    detail::choose_shared(policy, model, r, len, evict, pinned, scratch);
+    const std::size_t at = static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride);
+    std::int32_t k = 0;
+    for (std::int32_t t = 0; t < len; ++t) {
+      if (!scratch.evicted[t]) continue;
+      selection.slots[at + k] = t;
+      if (!selection.cache_slots.empty()) {
+        if constexpr (paged)
+          selection.cache_slots[at + k] =
+              cache.indices[cache.indptr[b] + t / cache.page_size] * cache.page_size + t % cache.page_size;
+        else
+          selection.cache_slots[at + k] = t;
+      }
+      ++k;
+    }
+    selection.counts[b] = evict;
+    selection.out.new_lengths[b] = len - evict;
+    if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(len - evict);
+  }
+}
+
+// Applies a selection to one layer: evicts its slots from every head and
+// closes the holes in K, V and the layer's state (settings.compaction_mode,
+// as compress). Call it for every layer with the same selection, then apply
+// selection.out once (shrink_page_table). Lengths and the page table are
+// read, not written. A page that would be written (one holding a slot in
+// [first evicted slot, new length) of its sequence) must be listed once;
+// pages wholly below a sequence's first evicted slot, such as a shared
+// prefix pinned in select, may be shared.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+             eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
+  const char* fn = "host::compact";
+  static_assert(View::space == memory_space::host, "host::compact needs a host view");
+  constexpr bool paged = requires { cache.page_size; };
+  detail::validate_common(fn, policy, cache, state);
+  detail::validate_selection_input(fn, policy, cache, state, selection);
+  const std::size_t need = compact_workspace_bytes(cache);
+  detail::require(workspace.size() >= need && (need == 0 || workspace.data() != nullptr), fn, "workspace", "holds ",
+                  workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
+  {
+    detail::byte_range kv[2];
+    detail::kv_ranges(cache, kv);
+    const detail::byte_range written[] = {kv[0], kv[1],
+                                  {state.step, detail::offsets_of(state.shape).total, "the state"},
+                                  {workspace.data(), workspace.size(), "workspace"}};
+    const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
+    const detail::byte_range read[] = {detail::range_of(selection.counts, "selection.counts"),
+                               {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
+    for (const detail::byte_range& w : written)
+      for (const detail::byte_range& r : read)
+        detail::require(!detail::overlaps(w, r), fn, r.name, "must not overlap ", w.name,
+                        " (the call reads it while writing)");
+  }
+  if constexpr (paged) {
+    // Pages that will be written: those holding a slot of [first evicted,
+    // kept) of a sequence that evicts. They must be listed once.
+    auto* mark = reinterpret_cast<unsigned char*>(workspace.data());
+    const std::int32_t listed = cache.indptr[cache.batch];
+    for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
+    const auto written_pages = [&](std::int32_t b, auto&& each) {
+      const std::int32_t count = selection.counts[b];
+      if (count == 0) return;
+      const std::int32_t first = selection.slots[static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride)];
+      const std::int32_t kept = cache.length(b) - count;
+      if (first >= kept) return;  // only the tail goes: nothing is written
+      for (std::int32_t p = first / cache.page_size; p <= (kept - 1) / cache.page_size; ++p)
+        each(cache.indptr[b] + p);
+    };
+    for (std::int32_t b = 0; b < cache.batch; ++b) written_pages(b, [&](std::int32_t i) { mark[cache.indices[i]] = 1; });
+    for (std::int32_t i = 0; i < listed; ++i) {
+      unsigned char& seen = mark[cache.indices[i]];
+      detail::require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
+                      " names a page that compact rewrites and that is listed more than once: shared pages can only "
+                      "lie below a sequence's first evicted slot (pin them in select)");
+      if (seen == 1) seen = 2;
+    }
+  }
+  detail::apply_selection(cache, state, selection, policy.config.compaction_mode == compaction::preserve_order,
+                          [&](std::int32_t b, std::int32_t from, std::int32_t to) {
+                            for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+                              detail::move_token(cache, state, b, h, from, to);
+                          });
+}
+
+// Applies a selection to one layer's state only, for an engine that freed
+// the slots in its own allocator (selection.cache_slots) and removed them
+// from each sequence's token list keeping the others in order: the state
+// drops the same slots and keeps its order too, whatever
+// settings.compaction_mode says. K and V are not touched; `cache` gives
+// the lengths before the removal.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void forget(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+            eviction_selection<memory_space::host> selection) {
+  const char* fn = "host::forget";
+  static_assert(View::space == memory_space::host, "host::forget needs a host view");
+  detail::validate_common(fn, policy, cache, state);
+  detail::validate_selection_input(fn, policy, cache, state, selection);
+  const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
+  const detail::byte_range the_state{state.step, detail::offsets_of(state.shape).total, "the state"};
+  const detail::byte_range read[] = {detail::range_of(selection.counts, "selection.counts"),
+                             {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
+  for (const detail::byte_range& r : read)
+    detail::require(!detail::overlaps(the_state, r), fn, r.name, "must not overlap the state");
+  detail::apply_selection(cache, state, selection, true, [&](std::int32_t b, std::int32_t from, std::int32_t to) {
+    for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+      detail::move_state(state, state.index(b, h, from), state.index(b, h, to));
+  });
+}
+
+}  // namespace scissorhands::host
