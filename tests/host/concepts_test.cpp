@@ -148,6 +148,30 @@ static_assert(!composable<sh::attention_mass, update_returns_int>);
 static_assert(!composable<sh::attention_mass, sh::unbounded_history, narrow_protected_count>);
 static_assert(!composable<sh::attention_mass, sh::unbounded_history, sh::recent_window, gqa_without_finish>);
 
+// ---- granularities ---------------------------------------------------------
+struct reduction_without_finish {
+  static constexpr const char* name = "no finish";
+  static float identity() { return 0.0f; }
+  static float combine(float a, float b) { return a + b; }
+};
+struct granularity_without_kind {
+  static constexpr const char* name = "no kind";
+};
+static_assert(sh::granularity_policy<sh::per_head>);
+static_assert(sh::granularity_policy<sh::shared_heads<sh::max_score>>);
+static_assert(sh::granularity_policy<sh::shared_layers<sh::mean_score, sh::max_score>>);
+static_assert(!sh::granularity_policy<granularity_without_kind>);
+static_assert(!sh::granularity_policy<sh::shared_heads<reduction_without_finish>>);
+static_assert(!sh::granularity_policy<sh::shared_layers<sh::mean_score, reduction_without_finish>>);
+static_assert(!sh::score_reduction<reduction_without_finish>);
+// A preset keeps its settings at another granularity.
+static_assert(sh::composed_policy<sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<>>>);
+static_assert(sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<>>{}.config.window ==
+              sh::scissorhands_policy{}.config.window);
+static_assert(sh::granularity_of<sh::scissorhands_policy> == sh::granularity_kind::per_head);
+static_assert(sh::granularity_of<sh::with_granularity<sh::h2o_policy, sh::shared_heads<>>> ==
+              sh::granularity_kind::shared_heads);
+
 // ---- a well-formed user policy -------------------------------------------
 // Squared attention mass: sharpens the distinction between heavy and light tokens.
 struct squared_mass {
