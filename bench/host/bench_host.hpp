@@ -3,4 +3,5 @@
 namespace bench_host {
 void register_observe();
 void register_compress();
+void register_select();
 }  // namespace bench_host

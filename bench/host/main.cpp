@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
 
   bench_host::register_observe();
   bench_host::register_compress();
+  bench_host::register_select();
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
   benchmark::RunSpecifiedBenchmarks();

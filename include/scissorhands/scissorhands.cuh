@@ -15,17 +15,26 @@
 //   sh::cuda::shrink_page_table(indptr, indices, last_page_len, page_size,
 //                               d_new_lengths, released, d_result, stream);   // after the last layer
 //
+// Token-level eviction (policy/granularity.hpp): a shared_heads policy goes
+// through compress as above; a shared_layers policy observes every layer
+// into model.layer(l) of a model_state, then per step
+//   sh::cuda::select(d_ws, ws_bytes, policy, cache, model, budget, selection, d_pinned, stream);
+//   sh::cuda::compact(d_cws, cws_bytes, policy, cache_of_layer(l), model.layer(l), selection, stream);  // each l
+//     or sh::cuda::forget(policy, cache, model.layer(l), selection, stream);                         // each l
+//   sh::cuda::reset_state(model, stream); sh::cuda::reset_sequence(model, row, start, stream);
+//
 // Same views (kv_view / paged_kv_view over device spans, uniform or ragged
 // attention views), policies and state layout (make_state over a device
 // buffer) as the host backend, and the same results: observe_probabilities,
-// compress and shrink_page_table bit for bit, observe_queries within float
-// rounding of the dot products. Every call validates on the host what needs
-// no device memory (throwing scissorhands::invalid_argument), checks the
-// rest on the device before writing anything (cuda/status.cuh: one status
-// word per state row, so a bad sequence is skipped and the others
-// proceed), launches on the caller's stream, allocates nothing and never
-// synchronises, so a decode step's observe + compress + shrink_page_table
-// can be captured in a CUDA graph.
+// compress, select, compact, forget and shrink_page_table bit for bit,
+// observe_queries within float rounding of the dot products. Every call
+// validates on the host what needs no device memory (throwing
+// scissorhands::invalid_argument), checks the rest on the device before
+// writing anything (cuda/status.cuh: one status word per state row, so a
+// bad sequence is skipped and the others proceed), launches on the
+// caller's stream, allocates nothing and never synchronises, so a decode
+// step's observe + compress (or select + compact) + shrink_page_table can be
+// captured in a CUDA graph.
 //
 // Bit-exactness assumes IEEE division and square root on the device
 // (nvcc's defaults); --use_fast_math or -prec-div=false breaks it.
@@ -35,6 +44,7 @@
 #include "cuda/element.cuh"
 #include "cuda/observe.cuh"
 #include "cuda/page_table.cuh"
+#include "cuda/select.cuh"
 #include "cuda/state.cuh"
 #include "cuda/status.cuh"
 #include "cuda/traits.cuh"

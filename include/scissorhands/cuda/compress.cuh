@@ -4,10 +4,12 @@
 // Two-phase, like CUB: call with d_workspace == nullptr to get the bytes it
 // needs in workspace_bytes (nothing is launched), then again with a device
 // buffer of at least that size. Two kernels per call (see
-// kernels/compress.cuh): selection, then compaction, which skips every
-// sequence whose state row's status word is non-zero, so a sequence whose
-// data fails a device check changes nothing (status.cuh) and the others
-// proceed. Whether a sequence triggers (length >= budget) is decided on the
+// kernels/compress.cuh; a paged cache first clears the workspace's page
+// listing counts with cudaMemsetAsync): selection (per (sequence, head), or
+// per sequence for a shared_heads policy), then compaction, which skips
+// every sequence whose state row's status word is non-zero, so a sequence
+// whose data fails a device check changes nothing (status.cuh) and the
+// others proceed. Whether a sequence triggers (length >= budget) is decided on the
 // device. One workspace serves every layer of a stream (calls run in
 // order); give concurrent streams their own.
 #include <cuda_runtime.h>
@@ -18,11 +20,13 @@
 #include "../compress_output.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
+#include "../model_state.hpp"
 #include "../paged_kv_view.hpp"
 #include "../policy/eviction_policy.hpp"
 #include "detail/tables.cuh"
 #include "detail/validate.cuh"
 #include "kernels/compress.cuh"
+#include "kernels/select.cuh"
 #include "status.cuh"
 #include "traits.cuh"
 
@@ -37,35 +41,71 @@ std::int32_t max_evict(const Policy& policy, const View& cache, const eviction_s
   const std::int64_t e = std::int64_t{max_slots(cache, state)} - budget + policy.config.evict_count;
   return e > 0 ? static_cast<std::int32_t>(e) : 0;
 }
+
+// The workspace compress needs: per_head one list per (sequence, head),
+// shared_heads one per sequence (plus keys beyond the selection tile), and
+// for a paged cache one listing count per pool page.
+template <class Policy, class View>
+compress_workspace::sizes compress_sizes(const Policy& policy, const View& cache,
+                                         const eviction_state<memory_space::device>& state, std::int32_t budget) {
+  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
+  compress_workspace::sizes n;
+  n.batch = cache.batch;
+  n.lists = shared ? 1 : cache.kv_heads;
+  n.max_evict = max_evict(policy, cache, state, budget);
+  if constexpr (requires { cache.num_pages; }) n.pages = cache.num_pages;
+  const std::int32_t slots = max_slots(cache, state);
+  n.key_slots = shared && slots > select_traits::tile_keys ? slots : 0;
+  return n;
+}
+
+// One layer's state seen as a model of one layer (shared_heads selection).
+inline model_state<memory_space::device> single_layer(const eviction_state<memory_space::device>& state) {
+  model_state<memory_space::device> m;
+  m.first = state;
+  m.layers = 1;
+  m.layer_bytes = 0;
+  return m;
+}
 }  // namespace detail
 
 // Bytes of workspace compress needs for this cache, state, policy and
-// budget: a few bytes per (sequence, head) and token it may evict, sized by
-// the smaller of the cache's and the state's capacity.
+// budget: a few bytes per (sequence, head) and token it may evict (per
+// sequence for shared_heads, plus 8 bytes per slot when a sequence may
+// hold more slots than the selection's shared-memory tile), and for a
+// paged cache 4 bytes per pool page; sized by the smaller of the cache's
+// and the state's capacity.
 template <class Policy, class View>
   requires composed_policy<Policy>
 std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
                                      const eviction_state<memory_space::device>& state, std::int32_t budget) {
   const char* fn = "cuda::compress_workspace_bytes";
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
   detail::validate_cache(fn, cache);
   detail::validate_settings(fn, policy);
   detail::validate_state_matches(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
-  return detail::compress_workspace::bytes(cache.batch, cache.kv_heads, detail::max_evict(policy, cache, state, budget));
+  return detail::compress_workspace::bytes(detail::compress_sizes(policy, cache, state, budget));
 }
 
 // Evicts, from every sequence holding `budget` tokens or more, the
-// length - budget + m lowest-scoring unprotected tokens of each KV head, and
-// compacts K, V and the state (fill_holes or preserve_order), exactly as
-// host::compress. The cache's lengths and page table are not written:
-// out.new_lengths[b] gets every sequence's length_after_compress (also for
-// sequences skipped for a device-found error: see status.cuh; a paged
-// sequence whose page-table entry is unusable counts as length 0) and
-// out.freed_pages[b] (paged: required; contiguous: optional, all 0) the
-// trailing pages of its list it no longer uses. Apply them after the last
-// layer that shares the table (cuda::shrink_page_table for a FlashInfer
-// table), in stream order.
+// length - budget + m lowest-scoring unprotected tokens of each KV head
+// (shared_heads: the same slots from every head, by the score combined
+// over the heads), and compacts K, V and the state (fill_holes or
+// preserve_order), exactly as host::compress. The cache's lengths and page
+// table are not written: out.new_lengths[b] gets every sequence's
+// length_after_compress (also for sequences skipped for a device-found
+// error: see status.cuh; a paged sequence whose page-table entry is
+// unusable counts as length 0) and out.freed_pages[b] (paged: required;
+// contiguous: optional, all 0) the trailing pages of its list it no longer
+// uses. Apply them after the last layer that shares the table
+// (cuda::shrink_page_table for a FlashInfer table), in stream order. A
+// paged sequence at the budget one of whose pages is listed more than once
+// in the table is skipped (status_shared_page), as host::compress refuses
+// it.
 template <class Policy, class View>
   requires composed_policy<Policy>
 cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
@@ -73,29 +113,42 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                      compress_output<memory_space::device> out, cudaStream_t stream = 0) {
   const char* fn = "cuda::compress";
   using T = typename View::element_type;
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
+  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
   if (d_workspace == nullptr) {
     workspace_bytes = compress_workspace_bytes(policy, cache, state, budget);
     return cudaSuccess;
   }
   detail::validate_common(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
-  const std::int32_t max_evict = detail::max_evict(policy, cache, state, budget);
-  const std::size_t need = detail::compress_workspace::bytes(cache.batch, cache.kv_heads, max_evict);
+  const detail::compress_workspace::sizes sizes = detail::compress_sizes(policy, cache, state, budget);
+  const std::size_t need = detail::compress_workspace::bytes(sizes);
   detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes,
                   ", below the ", need, " bytes the workspace query returned");
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
                   "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
   detail::validate_output(fn, cache, state, out, {d_workspace, workspace_bytes, "d_workspace"});
+  detail::validate_workspace_apart(fn, cache, state, {d_workspace, workspace_bytes, "d_workspace"});
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
-  detail::compress_workspace ws;
-  ws.lengths = static_cast<std::int32_t*>(d_workspace);
-  ws.evicted = reinterpret_cast<std::int32_t*>(static_cast<std::byte*>(d_workspace) +
-                                               detail::compress_workspace::list_offset(cache.batch));
-  ws.max_evict = max_evict;
+  const detail::compress_workspace ws = detail::compress_workspace::carve(d_workspace, sizes);
+  if (ws.page_counts != nullptr) {
+    const cudaError_t err = cudaMemsetAsync(ws.page_counts, 0, sizeof(std::int32_t) * static_cast<std::size_t>(sizes.pages),
+                                            stream);
+    if (err != cudaSuccess) return err;
+  }
+  using Protector = typename Policy::protector;
+  constexpr bool highest = evicts_highest<typename Policy::observation>;
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::select_kernel<typename Policy::protector, evicts_highest<typename Policy::observation>>
-      <<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state, budget, ws);
+  if constexpr (shared)
+    detail::select_shared_kernel<Protector, highest, typename Policy::granularity>
+        <<<static_cast<unsigned>(cache.batch), select_traits::threads, 0, stream>>>(
+            policy.config, seqs, detail::single_layer(state), budget, nullptr, ws);
+  else
+    detail::select_kernel<Protector, highest><<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state,
+                                                                                           budget, ws);
   const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
   const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));
   const int vec = detail::row_alignment(rows, row_bytes, true);

@@ -58,14 +58,24 @@ enum status_flag : std::uint32_t {
   status_probability = 1u << 5,        // a probability NaN or outside [0, 1.001]
   status_lse = 1u << 6,                // a log-sum-exp that is not finite
   status_view_extent = 1u << 7,        // a probability, query or lse view reaches past its span for a sequence
-  status_untracked = 1u << 8,          // compress: a sequence at budget whose new tokens were never observed
-  status_positions = 1u << 9,          // compress: fewer unprotected tokens than to evict (positions not unique)
+  status_untracked = 1u << 8,          // compress / select: a sequence at budget whose new tokens were never
+                                       //   observed (select: in some layer); compact / forget: a selection for a
+                                       //   state that does not track every token
+  status_positions = 1u << 9,          // compress / select: fewer unprotected (and unpinned) tokens than to evict
   status_state_rows = 1u << 10,        // state_rows out of [-1, rows), used twice, or a padding slot with tokens
   status_state_capacity = 1u << 11,    // a length above state.shape.capacity
   status_qo_indptr = 1u << 12,         // qo_indptr decreasing at this sequence, or negative
   status_step = 1u << 13,              // state.step outside [0, 2^62]: a damaged state
   status_new_length = 1u << 14,        // shrink_page_table: a new length outside [0, the length the table holds]
   status_released = 1u << 15,          // shrink_page_table: `released` too short for the pages released
+  // Token-level eviction (shared_heads compress, select, compact, forget):
+  status_slot_mismatch = 1u << 16,     // heads (or layers) hold different tokens at a slot, or layers disagree on
+                                       //   next_position: one choice cannot serve them all
+  status_pinned_prefix = 1u << 17,     // select: pinned_prefix[b] outside [0, length]
+  status_selection = 1u << 18,         // compact / forget: a count outside [0, min(length, stride)], or slots
+                                       //   outside [0, length) or not strictly ascending
+  status_selection_protected = 1u << 19,  // compact / forget: a selected slot holds a protected token
+  status_shared_page = 1u << 20,       // compress / compact: a page it would rewrite is listed more than once
 };
 
 // A readable list of the flags set in a status word ("ok" when none).
@@ -83,14 +93,21 @@ inline std::string describe_status(std::uint32_t word) {
       {status_probability, "a probability is NaN or outside [0, 1]"},
       {status_lse, "a log-sum-exp value is not finite"},
       {status_view_extent, "a probability, query or log-sum-exp view reaches past its span"},
-      {status_untracked, "compress: a sequence at its budget has tokens observe never admitted"},
-      {status_positions, "compress: fewer unprotected tokens than to evict (positions are not unique)"},
+      {status_untracked, "compress / select / compact: a sequence has tokens observe never admitted (in some layer)"},
+      {status_positions, "compress / select: fewer unprotected, unpinned tokens than to evict"},
       {status_state_rows, "state_rows: a row outside [-1, rows), a row used twice, or a padding slot holding tokens"},
       {status_state_capacity, "a sequence holds more tokens than state.shape.capacity"},
       {status_qo_indptr, "qo_indptr is negative or decreasing"},
       {status_step, "state.step is outside [0, 2^62]: the state is damaged"},
       {status_new_length, "shrink_page_table: a new length is negative or above the length the table holds"},
       {status_released, "shrink_page_table: `released` is too short for the pages released"},
+      {status_slot_mismatch,
+       "shared granularity: heads or layers hold different tokens at a slot, or layers disagree on next_position"},
+      {status_pinned_prefix, "select: pinned_prefix is outside [0, length]"},
+      {status_selection,
+       "compact / forget: a selection count outside [0, min(length, stride)], or slots out of range or not ascending"},
+      {status_selection_protected, "compact / forget: a selected slot holds a protected token"},
+      {status_shared_page, "compress / compact: a page it would rewrite is listed more than once in the page table"},
   };
   std::string out;
   std::uint32_t known = 0;

@@ -262,13 +262,20 @@ void select(const Policy& policy, View cache, model_state<memory_space::host> mo
                       " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
                       first.next_position[r], ": every layer must see the same tokens");
       for (std::int32_t h = 0; h < shape.kv_heads; ++h) {
-        const std::int64_t here = s.row_index(r, h, 0);
-        for (std::int32_t t = 0; t < len; ++t)
-          detail::require(s.positions[here + t] == first.positions[base + t], fn, "model", "layer ", l, " head ", h,
-                          " holds position ", s.positions[here + t], " at slot ", t, " of sequence ", b,
-                          ", layer 0 head 0 holds ", first.positions[base + t],
-                          ": shared_layers needs one token per slot in every layer and head (was a layer "
-                          "compressed on its own?)");
+        const std::int32_t* __restrict here = s.positions + s.row_index(r, h, 0);
+        const std::int32_t* __restrict there = first.positions + base;
+        // A branch-free pass (vectorised); the slot is looked up only to
+        // name it in the error.
+        std::int32_t differ = 0;
+        for (std::int32_t t = 0; t < len; ++t) differ |= here[t] ^ there[t];
+        if (differ == 0) [[likely]]
+          continue;
+        std::int32_t t = 0;
+        while (here[t] == there[t]) ++t;
+        detail::fail(fn, "model", "layer ", l, " head ", h, " holds position ", here[t], " at slot ", t,
+                     " of sequence ", b, ", layer 0 head 0 holds ", there[t],
+                     ": shared_layers needs one token per slot in every layer and head (was a layer compressed on "
+                     "its own?)");
       }
     }
     const std::int32_t evict = len - budget + m;

@@ -69,15 +69,51 @@ __device__ inline std::int32_t live_row(const eviction_state<memory_space::devic
   return state.status[r] == 0 ? r : -1;
 }
 
+// live_row read by thread 0 and shared with the block: every thread sees
+// the same value even while another block ORs bits into the word (a plain
+// read by every thread could diverge, and a block that returns in part
+// never reaches its next barrier). All threads of the block.
+__device__ inline std::int32_t block_live_row(const eviction_state<memory_space::device>& state, std::int32_t b) {
+  __shared__ std::int32_t shared_row;
+  __syncthreads();  // a previous call's readers are done
+  if (threadIdx.x == 0) shared_row = live_row(state, b);
+  __syncthreads();
+  return shared_row;
+}
+
 // Everything the check of one sequence found, the same in every thread.
 struct sequence_check {
   std::int32_t row = -1;  // the state row; meaningful when row_ok
   bool row_ok = false;    // row in [0, rows): its counters were read and it can be flagged
+  bool length_ok = false; // the sequence's length (paged: its page-table entries) passed the checks
   std::int32_t length = 0, tracked = 0, next_position = 0;
   std::int32_t queries = 0;  // queries_of(b), when checked and sane
   std::uint32_t own = 0;     // bits for the sequence's row
   std::uint32_t batch = 0;   // bits for every row of the batch
 };
+
+// The checks of one state row's counters against the sequence's length
+// (host::detail::validate_common): step in [0, 2^62], and when the length
+// is known, length <= capacity, 0 <= tracked <= length, and next_position
+// leaving int32 room for the new tokens. Returns the row's bits; `tracked`
+// and `next_position` get the counters.
+__device__ inline std::uint32_t check_counters(const eviction_state<memory_space::device>& state, std::int32_t r,
+                                               std::int32_t length, bool length_ok, std::int32_t& tracked,
+                                               std::int32_t& next_position) {
+  std::uint32_t own = 0;
+  tracked = state.tracked[r];
+  next_position = state.next_position[r];
+  const std::int64_t step = state.step[r];
+  if (step < 0 || step > (std::int64_t{1} << 62)) own |= status_step;
+  if (length_ok) {
+    if (length > state.shape.capacity) own |= status_state_capacity;
+    if (tracked < 0 || tracked > length)
+      own |= status_tracked;
+    else if (next_position < 0 || std::int64_t{next_position} + (length - tracked) > std::int64_t{INT32_MAX})
+      own |= status_position_overflow;
+  }
+  return own;
+}
 
 // host::detail::validate_common's and validate_rows' checks of sequence b
 // (page table, length, its state row, tracked, next_position, step), by the
@@ -89,6 +125,7 @@ __device__ inline sequence_check check_sequence(const sequence_table& seqs,
   sequence_check c;
   std::uint32_t batch_bits = 0;
   std::uint32_t own = block::block_or(seqs.check_sequence(b, c.length, batch_bits));
+  c.length_ok = own == 0;
   const std::int32_t r = state.row(b);
   if (r < -1 || r >= state.shape.rows) {
     batch_bits |= status_state_rows | own;
@@ -108,18 +145,7 @@ __device__ inline sequence_check check_sequence(const sequence_table& seqs,
         if (o != b && state.state_rows[o] == r) twice = status_state_rows;
       batch_bits |= block::block_or(twice);
     }
-    c.tracked = state.tracked[r];
-    c.next_position = state.next_position[r];
-    const std::int64_t step = state.step[r];
-    if (step < 0 || step > (std::int64_t{1} << 62)) own |= status_step;
-    if (!(own & (status_page_table | status_length))) {
-      if (c.length > state.shape.capacity) own |= status_state_capacity;
-      if (c.tracked < 0 || c.tracked > c.length)
-        own |= status_tracked;
-      else if (c.next_position < 0 ||
-               std::int64_t{c.next_position} + (c.length - c.tracked) > std::int64_t{INT32_MAX})
-        own |= status_position_overflow;
-    }
+    own |= check_counters(state, r, c.length, c.length_ok, c.tracked, c.next_position);
   }
   c.own = own;
   c.batch = batch_bits;
@@ -162,6 +188,34 @@ __device__ inline void report(const eviction_state<memory_space::device>& state,
                               const sequence_check& c, std::uint32_t own, std::uint32_t batch_bits) {
   if (threadIdx.x == 0 && own != 0 && c.row_ok) atomicOr(&state.status[c.row], own);
   if (batch_bits != 0) flag_batch(state, batch, batch_bits);
+}
+
+// Counts, in page_counts[num_pages] (zeroed before the launch), how often
+// each pool page is listed: sequence b adds its own entries, when they
+// passed the checks (a sequence with a bad entry is flagged itself). After
+// the kernel, page_counts[p] > 1 means p is listed more than once in
+// indices[0, indptr[batch]) (host: compress's and compact's shared-page
+// check). All threads of the block.
+__device__ inline void count_page_listings(const sequence_table& seqs, std::int32_t b, bool length_ok,
+                                           std::int32_t* page_counts) {
+  if (page_counts == nullptr || !seqs.paged || !length_ok) return;
+  const std::int32_t begin = seqs.indptr[b], end = seqs.indptr[b + 1];
+  for (std::int32_t i = begin + static_cast<std::int32_t>(threadIdx.x); i < end;
+       i += static_cast<std::int32_t>(blockDim.x))
+    atomicAdd(&page_counts[seqs.indices[i]], 1);
+}
+
+// Whether any of pages [first, last] of sequence b's list (indices into its
+// list, not page ids) is listed more than once, by count_page_listings'
+// counts. Block-uniform; all threads of the block.
+__device__ inline bool pages_listed_twice(const sequence_table& seqs, std::int32_t b, std::int32_t first,
+                                          std::int32_t last, const std::int32_t* page_counts) {
+  std::uint32_t twice = 0;
+  const std::int32_t at = seqs.indptr[b];
+  for (std::int32_t p = first + static_cast<std::int32_t>(threadIdx.x); p <= last;
+       p += static_cast<std::int32_t>(blockDim.x))
+    if (page_counts[seqs.indices[at + p]] > 1) twice = 1;
+  return block::block_or(twice) != 0;
 }
 
 enum class observe_mode { admit, probabilities, queries };

@@ -1,22 +1,29 @@
 #pragma once
-// compress: two kernels per call, one block per (sequence, KV head) each.
+// compress: two kernels per call.
 //
-//   select_kernel   checks the sequence (the host's validate_common and
-//                   compress checks; bits go to its row's status word),
-//                   records its length, decides on the device whether it
-//                   triggers (length >= budget), selects the e = length -
-//                   budget + m lowest eviction keys among unprotected slots
-//                   and writes their slots, ascending, to the workspace. It
-//                   writes nothing the caller owns except status words.
-//   compact_kernel  writes every sequence's compress_output, then moves K, V
-//                   and state of the sequences whose row is live (status
-//                   word still zero: a sequence with bad data changes
-//                   nothing) and sets their tracked count.
+//   select_kernel   per_head: one block per (sequence, KV head). Checks the
+//                   sequence (the host's validate_common and compress
+//                   checks; bits go to its row's status word), records its
+//                   length and (paged) counts its page listings, decides on
+//                   the device whether it triggers (length >= budget),
+//                   selects the e = length - budget + m lowest eviction keys
+//                   among unprotected slots and writes their slots,
+//                   ascending, to the workspace. It writes nothing the
+//                   caller owns except status words. shared_heads uses
+//                   select_shared_kernel (select.cuh) instead: one block per
+//                   sequence, one list for every head.
+//   compact_kernel  one block per (sequence, KV head): writes every
+//                   sequence's compress_output, then moves K, V and state
+//                   of the sequences whose row is live (status word still
+//                   zero: a sequence with bad data changes nothing) and
+//                   whose pages are listed once, and sets their tracked
+//                   count.
 //
 // Why two: a sequence is all-or-nothing, and every head's block must know
 // whether any check of the sequence failed before it moves a row; across
-// the kernel boundary every status bit of the select kernel is visible.
-// The compaction kernel reads the length from the workspace.
+// the kernel boundary every status bit of the select kernel (and every page
+// listing count) is visible. The compaction kernel reads the length from
+// the workspace. compact_rows is shared with compact and forget (select.cuh).
 #include <cstddef>
 #include <cstdint>
 
@@ -35,25 +42,59 @@
 
 namespace scissorhands::cuda::detail {
 
-// The workspace: the length each sequence had at the start of the call, and
-// per (sequence, head) the list of evicted slots (max_evict entries: the
-// most a sequence within min(cache capacity, state capacity) evicts).
+// The workspace of compress and select: the length each sequence had at the
+// start of the call, per (sequence, list) the evicted slots (max_evict
+// entries: the most a sequence within min(cache capacity, state capacity)
+// evicts; one list per KV head for per_head eviction, one per sequence for
+// the shared granularities), for a paged compress one listing count per
+// pool page (the shared-page check), and for the shared granularities the
+// keys of sequences too long for the selection's shared-memory tile.
 struct compress_workspace {
-  std::int32_t* lengths = nullptr;  // [batch]
-  std::int32_t* evicted = nullptr;  // [batch][kv_heads][max_evict]
+  std::int32_t* lengths = nullptr;      // [batch]
+  std::int32_t* evicted = nullptr;      // [batch][lists][max_evict]
+  std::int32_t* page_counts = nullptr;  // [pages] or null
+  std::uint64_t* keys = nullptr;        // [batch][key_slots] or null
   std::int32_t max_evict = 0;
+  std::int32_t lists = 1;      // kv_heads (per_head) or 1 (shared_heads, shared_layers)
+  std::int32_t key_slots = 0;  // 0 unless a sequence may hold more than select_traits::tile_keys slots
 
   static constexpr std::size_t alignment = 256;
-  static std::size_t list_offset(std::int32_t batch) {
-    return (static_cast<std::size_t>(batch) * sizeof(std::int32_t) + alignment - 1) / alignment * alignment;
+
+  // What a call needs; bytes() and carve() agree on the layout.
+  struct sizes {
+    std::int32_t batch = 0, lists = 1, max_evict = 0, pages = 0, key_slots = 0;
+  };
+  struct offsets {
+    std::size_t evicted, page_counts, keys, total;
+  };
+  static std::size_t align(std::size_t x) { return (x + alignment - 1) / alignment * alignment; }
+  static offsets layout(const sizes& n) {
+    const auto batch = static_cast<std::size_t>(n.batch);
+    offsets o{};
+    o.evicted = align(batch * sizeof(std::int32_t));
+    o.page_counts = align(o.evicted + batch * static_cast<std::size_t>(n.lists) *
+                                          static_cast<std::size_t>(n.max_evict) * sizeof(std::int32_t));
+    o.keys = align(o.page_counts + static_cast<std::size_t>(n.pages) * sizeof(std::int32_t));
+    o.total = o.keys + batch * static_cast<std::size_t>(n.key_slots) * sizeof(std::uint64_t);
+    return o;
   }
-  static std::size_t bytes(std::int32_t batch, std::int32_t kv_heads, std::int32_t max_evict) {
-    return list_offset(batch) +
-           static_cast<std::size_t>(batch) * static_cast<std::size_t>(kv_heads) *
-               static_cast<std::size_t>(max_evict) * sizeof(std::int32_t);
+  static std::size_t bytes(const sizes& n) { return layout(n).total; }
+  static compress_workspace carve(void* base, const sizes& n) {
+    const offsets o = layout(n);
+    auto* at = static_cast<std::byte*>(base);
+    compress_workspace ws;
+    ws.lengths = reinterpret_cast<std::int32_t*>(at);
+    ws.evicted = reinterpret_cast<std::int32_t*>(at + o.evicted);
+    ws.page_counts = n.pages > 0 ? reinterpret_cast<std::int32_t*>(at + o.page_counts) : nullptr;
+    ws.keys = n.key_slots > 0 ? reinterpret_cast<std::uint64_t*>(at + o.keys) : nullptr;
+    ws.max_evict = n.max_evict;
+    ws.lists = n.lists;
+    ws.key_slots = n.key_slots;
+    return ws;
   }
-  __device__ std::int32_t* list(std::int32_t b, std::int32_t h, std::int32_t kv_heads) const {
-    return evicted + (std::int64_t{b} * kv_heads + h) * max_evict;
+  // The list of sequence b, head h (every head shares one when lists == 1).
+  __device__ std::int32_t* list(std::int32_t b, std::int32_t h) const {
+    return evicted + (std::int64_t{b} * lists + (lists == 1 ? 0 : h)) * max_evict;
   }
 };
 
@@ -108,19 +149,20 @@ __global__ void __launch_bounds__(select_traits::threads)
     seq.own |= status_state_capacity;  // cannot happen after the checks
   if (h == 0) {
     if (threadIdx.x == 0) ws.lengths[b] = len;  // for the outputs, whatever the checks say
+    count_page_listings(seqs, b, seq.length_ok, ws.page_counts);
     report(state, seqs.batch, seq, seq.own, seq.batch);
   }
-  // A row already flagged (by an earlier call, or by the block of head 0
-  // just now) wastes no time; reading it racily is harmless, the compaction
-  // kernel decides.
+  // A row already flagged (by an earlier call, or by another block just
+  // now) wastes no time; the compaction kernel decides. Read once for the
+  // whole block: the word may be changing.
   if (!seq.row_ok || seq.own != 0 || seq.batch != 0 || len < budget) return;
-  const std::int32_t r = seq.row;
-  if (state.status[r] != 0) return;
+  const std::int32_t r = block_live_row(state, b);
+  if (r < 0) return;
 
   const std::int64_t base = state.row_index(r, h, 0);
   const key_of_slot<Protector, HighestFirst> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
                                           seq.next_position};
-  std::int32_t* out = ws.list(b, h, state.shape.kv_heads);
+  std::int32_t* out = ws.list(b, h);
   if (e == 1) {
     // m = 1 at the budget, the decode steady state: an argmin, one pass.
     lowest_key mine{block::ignored_key, -1, 0};
@@ -183,31 +225,21 @@ struct v_rows {
   __device__ std::byte* operator()(std::int32_t t) const { return rows.v_row(b, h, t); }
 };
 
-template <int = 0>  // a template so every translation unit may define it
-__global__ void __launch_bounds__(compact_traits::threads)
-    compact_kernel(settings cfg, sequence_table seqs, row_table<std::byte> rows, std::int32_t row_bytes,
-                   std::int32_t vec, eviction_state<memory_space::device> state, std::int32_t budget,
-                   compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
+// Closes the holes the `e` evicted slots (`evicted`, ascending, in
+// [0, len)) leave in head h of sequence b, state row r: fill_holes moves the
+// survivors above len - e into the holes below it, both ascending (the
+// host's pairing); `stable` (preserve_order, and forget) shifts every
+// survivor down in slot order. Moves the K and V rows when `move_kv`
+// (compress, compact) and always the token state. All threads of the block;
+// tracked is the caller's.
+__device__ inline void compact_rows(bool stable, const row_table<std::byte>& rows, std::int32_t row_bytes,
+                                    std::int32_t vec, bool move_kv, const eviction_state<memory_space::device>& state,
+                                    std::int32_t b, std::int32_t h, std::int32_t r, std::int32_t len, std::int32_t e,
+                                    const std::int32_t* evicted) {
   using traits = compact_traits;
   __shared__ uint4 stage[traits::stage_bytes / sizeof(uint4)];
   __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::pair_batch];
-  const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t len = ws.lengths[b];
-  if (h == 0 && threadIdx.x == 0) {
-    // Every sequence, skipped or not: length_after_compress, so that what an
-    // engine mirrors on the host and the pages it releases always agree.
-    const std::int32_t after = length_after_compress(len, budget, cfg.evict_count);
-    new_lengths[b] = after;
-    if (freed_pages != nullptr) {
-      const std::int32_t freed = len >= budget ? seqs.pages_of(b) - seqs.pages_for(after) : 0;
-      freed_pages[b] = freed > 0 ? freed : 0;
-    }
-  }
-  if (len < budget) return;
-  const std::int32_t r = live_row(state, b);
-  if (r < 0) return;
-  const std::int32_t e = len - budget + cfg.evict_count, kept = len - e;
-  const std::int32_t* evicted = ws.list(b, h, state.shape.kv_heads);
+  const std::int32_t kept = len - e;
   const std::int64_t base = state.row_index(r, h, 0);
   const std::int32_t words = state.shape.ring_words;
   const int ring_vec = words % 4 == 0 ? 16 : 4;
@@ -218,7 +250,7 @@ __global__ void __launch_bounds__(compact_traits::threads)
   const strided_rows observed_at{reinterpret_cast<std::byte*>(state.observed + base), 4};
   const strided_rows ring_at{reinterpret_cast<std::byte*>(state.ring_of(base)), std::int64_t{words} * 4};
 
-  if (cfg.compaction_mode == compaction::fill_holes) {
+  if (!stable) {
     // holes: evicted slots below kept (a prefix of the ascending list).
     std::int32_t lo = 0, hi = e;
     while (lo < hi) {
@@ -235,17 +267,19 @@ __global__ void __launch_bounds__(compact_traits::threads)
       // c = #{j : above[j] - kept - j <= i} (evicted slots before it).
       for (std::int32_t p = threadIdx.x; p < pairs; p += traits::threads) {
         const std::int32_t i = first + p;
-        std::int32_t l = 0, r = n_above;
-        while (l < r) {
-          const std::int32_t mid = (l + r) / 2;
-          if (above[mid] - kept - mid <= i) l = mid + 1; else r = mid;
+        std::int32_t l = 0, u = n_above;
+        while (l < u) {
+          const std::int32_t mid = (l + u) / 2;
+          if (above[mid] - kept - mid <= i) l = mid + 1; else u = mid;
         }
         dst_slot[p] = evicted[i];
         src_slot[p] = kept + i + l;
       }
       __syncthreads();
-      block::move_rows<traits::threads>(k_at, row_bytes, vec, src_slot, dst_slot, pairs);
-      block::move_rows<traits::threads>(v_at, row_bytes, vec, src_slot, dst_slot, pairs);
+      if (move_kv) {
+        block::move_rows<traits::threads>(k_at, row_bytes, vec, src_slot, dst_slot, pairs);
+        block::move_rows<traits::threads>(v_at, row_bytes, vec, src_slot, dst_slot, pairs);
+      }
       block::move_rows<traits::threads>(pos_at, 4, 4, src_slot, dst_slot, pairs);
       block::move_rows<traits::threads>(score_at, 4, 4, src_slot, dst_slot, pairs);
       block::move_rows<traits::threads>(observed_at, 4, 4, src_slot, dst_slot, pairs);
@@ -254,10 +288,12 @@ __global__ void __launch_bounds__(compact_traits::threads)
     }
   } else {
     auto* staging = reinterpret_cast<std::byte*>(stage);
-    block::shift_rows<traits::threads>(k_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                       traits::pair_batch);
-    block::shift_rows<traits::threads>(v_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                       traits::pair_batch);
+    if (move_kv) {
+      block::shift_rows<traits::threads>(k_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                         traits::pair_batch);
+      block::shift_rows<traits::threads>(v_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+                                         traits::pair_batch);
+    }
     block::shift_rows<traits::threads>(pos_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                        traits::pair_batch);
     block::shift_rows<traits::threads>(score_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
@@ -268,7 +304,42 @@ __global__ void __launch_bounds__(compact_traits::threads)
       block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, evicted, e, len, staging,
                                          traits::stage_bytes, dst_slot, traits::pair_batch);
   }
-  if (h == 0 && threadIdx.x == 0) state.tracked[r] = kept;
+}
+
+template <int = 0>  // a template so every translation unit may define it
+__global__ void __launch_bounds__(compact_traits::threads)
+    compact_kernel(settings cfg, sequence_table seqs, row_table<std::byte> rows, std::int32_t row_bytes,
+                   std::int32_t vec, eviction_state<memory_space::device> state, std::int32_t budget,
+                   compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
+  const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t len = ws.lengths[b];
+  if (h == 0 && threadIdx.x == 0) {
+    // Every sequence, skipped or not: length_after_compress, so that what an
+    // engine mirrors on the host and the pages it releases always agree.
+    const std::int32_t after = length_after_compress(len, budget, cfg.evict_count);
+    new_lengths[b] = after;
+    if (freed_pages != nullptr) {
+      const std::int32_t freed = len >= budget ? seqs.pages_of(b) - seqs.pages_for(after) : 0;
+      freed_pages[b] = freed > 0 ? freed : 0;
+    }
+  }
+  if (len < budget) return;
+  // Read once per block: another block of this sequence may be flagging it
+  // (shared pages) while this one starts.
+  const std::int32_t r = block_live_row(state, b);
+  if (r < 0) return;
+  // A page of a sequence at the budget listed twice (shared with another
+  // sequence, or twice in its own list) would see rows move under the
+  // other listing: the sequence is skipped (host: compress refuses). Every
+  // block of the sequence finds the same and skips alike.
+  if (ws.page_counts != nullptr && pages_listed_twice(seqs, b, 0, seqs.pages_of(b) - 1, ws.page_counts)) {
+    if (threadIdx.x == 0) atomicOr(&state.status[r], status_shared_page);
+    return;
+  }
+  const std::int32_t e = len - budget + cfg.evict_count;
+  compact_rows(cfg.compaction_mode == compaction::preserve_order, rows, row_bytes, vec, true, state, b, h, r, len, e,
+               ws.list(b, h));
+  if (h == 0 && threadIdx.x == 0) state.tracked[r] = len - e;
 }
 
 }  // namespace scissorhands::cuda::detail

@@ -3,6 +3,7 @@
 // select / compact / forget (shared_layers): the workspace layout, moving a
 // token, and choosing a sequence's victims from combined slot scores.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -131,13 +132,29 @@ void combine_slot_scores(const Policy& policy, const model_state<memory_space::h
   const std::int32_t heads = model.first.shape.kv_heads;
   float* head_acc = scratch.head_acc;
   float* layer_acc = scratch.layer_acc;
+  // Branch-free and through restrict pointers, so the compiler vectorises
+  // it: x / (observed > 0 ? observed : 1) is bit-identical to
+  // eviction_score's "divide only when observed > 0" (x / 1 is x,
+  // NaN included).
+  const bool normalize = cfg.normalize;
   const auto head_pass = [&](const eviction_state<memory_space::host>& s) {
-    std::fill(head_acc, head_acc + len, Heads::identity());
+    float* __restrict acc = head_acc;
+    std::fill(acc, acc + len, Heads::identity());
     for (std::int32_t h = 0; h < heads; ++h) {
-      const std::int64_t base = s.row_index(r, h, 0);
-      for (std::int32_t t = 0; t < len; ++t)
-        head_acc[t] = Heads::combine(
-            head_acc[t], scissorhands::detail::eviction_score(s.scores[base + t], s.observed[base + t], cfg, highest));
+      const float* __restrict score = s.scores + s.row_index(r, h, 0);
+      const float* __restrict observed = s.observed + s.row_index(r, h, 0);
+      if (normalize) {
+        for (std::int32_t t = 0; t < len; ++t) {
+          // observed > 0 tested on the bits (positive, non-zero, not NaN),
+          // an integer select the compiler vectorises without a branch.
+          const auto bits = std::bit_cast<std::int32_t>(observed[t]);
+          const float divisor = std::bit_cast<float>(bits > 0 && bits <= 0x7F800000 ? bits : 0x3F800000);
+          const float v = score[t] / divisor;
+          acc[t] = Heads::combine(acc[t], highest ? -v : v);
+        }
+      } else {
+        for (std::int32_t t = 0; t < len; ++t) acc[t] = Heads::combine(acc[t], highest ? -score[t] : score[t]);
+      }
     }
   };
   if constexpr (G::kind == granularity_kind::shared_layers) {

@@ -1,0 +1,353 @@
+#pragma once
+// CUDA backend, shared_layers eviction: the twins of host::select,
+// host::compact and host::forget (host/select.hpp), on the caller's stream,
+// bit-identical to them.
+//
+//   per step:  observe layer l into model.layer(l), for every layer
+//              cuda::select(d_ws, ws_bytes, policy, cache, model, budget, selection, pinned, stream)
+//   then either (block-table engines: vLLM, FlashInfer)
+//              cuda::compact(d_cws, cws_bytes, policy, cache_of_layer(l), model.layer(l), selection, stream)
+//                  for every layer
+//              cuda::shrink_page_table(..., selection.out.new_lengths, ...) once
+//   or (slot-allocator engines: SGLang, llama.cpp)
+//              free selection.cache_slots in the engine's allocator, remove them
+//              from each sequence's token list keeping the order, and
+//              cuda::forget(policy, cache, model.layer(l), selection, stream) for every layer
+//
+// select and compact are two-phase like CUB (d_workspace == nullptr: the
+// size query, nothing launched). Nothing allocates or synchronises; a
+// decode step can be captured in a CUDA graph. Every call validates on the
+// host what needs no device memory (throwing invalid_argument with the host
+// backend's messages) and checks the data on the device (status.cuh):
+//
+//   select   every layer's counters (as compress), every layer tracking all
+//            tokens of a sequence at the budget (status_untracked) at the
+//            same next_position and the same positions in every head
+//            (status_slot_mismatch), pinned_prefix in [0, length]
+//            (status_pinned_prefix), enough tokens neither protected nor
+//            pinned (status_positions). A sequence at fault is flagged in
+//            every layer's status word, so compact and forget skip it in
+//            every layer; it gets selection count 0, and new_lengths /
+//            freed_pages as if it had been compacted (as compress reports a
+//            skipped sequence), its contents void until its row is reset.
+//            A row already flagged in any layer is skipped the same way.
+//   compact, forget
+//            the layer's counters (as compress), counts in [0, min(length,
+//            stride)] and slots strictly ascending in [0, length)
+//            (status_selection), none protected in any head
+//            (status_selection_protected), the state tracking every token
+//            of a sequence with a non-zero count (status_untracked), and
+//            (compact, paged) every page that would be written listed once
+//            (status_shared_page). A sequence at fault is skipped in this
+//            layer; the others proceed.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../host/select.hpp"  // host::detail::table_ranges, validate_selection sizes
+#include "../model_state.hpp"
+#include "../selection.hpp"
+#include "compress.cuh"
+#include "detail/tables.cuh"
+#include "detail/validate.cuh"
+#include "kernels/select.cuh"
+#include "status.cuh"
+#include "traits.cuh"
+
+namespace scissorhands::cuda {
+
+namespace detail {
+
+inline byte_range model_range(const model_state<memory_space::device>& model) {
+  return {model.first.step,
+          model.first.step == nullptr ? 0 : model.layer_bytes * static_cast<std::size_t>(model.layers),
+          "the model state"};
+}
+
+// The model must be laid out by make_model_state, and every layer must
+// match the cache and the policy (as compress's state).
+template <class Policy, class View>
+void validate_model(const char* fn, const Policy& policy, const View& cache,
+                    const model_state<memory_space::device>& model) {
+  require(model.layers > 0 && model.first.step != nullptr, fn, "model",
+          "is not laid out: build it with make_model_state");
+  require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
+          "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
+          model.layer_bytes);
+  for (std::int32_t l = 0; l < model.layers; ++l) validate_common(fn, policy, cache, model.layer(l));
+}
+
+template <class Policy, class View>
+compress_workspace::sizes select_sizes(const Policy& policy, const View& cache,
+                                       const model_state<memory_space::device>& model, std::int32_t budget) {
+  compress_workspace::sizes n;
+  n.batch = cache.batch;
+  n.lists = 1;
+  n.max_evict = max_evict(policy, cache, model.first, budget);
+  const std::int32_t slots = max_slots(cache, model.first);
+  n.key_slots = slots > select_traits::tile_keys ? slots : 0;
+  return n;
+}
+
+// The selection compact and forget read: the sizes of its spans (its
+// values are checked on the device).
+template <class View>
+void validate_selection_spans(const char* fn, const View& cache, const eviction_selection<memory_space::device>& sel) {
+  require(sel.stride >= 0, fn, "selection.stride", "must be non-negative, got ", sel.stride);
+  require(sel.counts.size() == static_cast<std::size_t>(cache.batch) && sel.counts.data() != nullptr, fn,
+          "selection.counts", "must hold batch = ", cache.batch, " entries (non-null), got ", sel.counts.size());
+  const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(sel.stride);
+  require(sel.slots.size() >= entries && (entries == 0 || sel.slots.data() != nullptr), fn, "selection.slots",
+          "must hold batch * stride = ", entries, " entries (non-null), got ", sel.slots.size());
+}
+
+inline selection_in selection_input(const eviction_selection<memory_space::device>& sel) {
+  return {sel.counts.data(), sel.slots.data(), sel.stride};
+}
+
+// Reads the selection; `written` (K, V, the state, the workspace) must not
+// overlap it.
+template <std::size_t N>
+void validate_selection_apart(const char* fn, std::int32_t batch, const eviction_selection<memory_space::device>& sel,
+                              const byte_range (&written)[N]) {
+  const std::size_t entries = static_cast<std::size_t>(batch) * static_cast<std::size_t>(sel.stride);
+  const byte_range read[] = {range_of(sel.counts, "selection.counts"),
+                             {sel.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
+  for (const byte_range& w : written)
+    for (const byte_range& r : read)
+      require(!overlaps(w, r), fn, r.name, "must not overlap ", w.name, " (the call reads it while writing)");
+}
+
+}  // namespace detail
+
+// Bytes of workspace select needs for this cache, model, policy and budget:
+// a few bytes per sequence and token it may evict, plus 8 bytes per slot
+// when a sequence may hold more slots than the selection's shared-memory
+// tile (select_traits::tile_keys).
+template <class Policy, class View>
+  requires composed_policy<Policy>
+std::size_t select_workspace_bytes(const Policy& policy, const View& cache,
+                                   const model_state<memory_space::device>& model, std::int32_t budget) {
+  const char* fn = "cuda::select_workspace_bytes";
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  detail::require(model.layers > 0 && model.first.step != nullptr, fn, "model",
+                  "is not laid out: build it with make_model_state");
+  detail::validate_cache(fn, cache);
+  detail::validate_settings(fn, policy);
+  detail::validate_state_matches(fn, policy, cache, model.first);
+  detail::validate_budget(fn, policy, budget);
+  return detail::compress_workspace::bytes(detail::select_sizes(policy, cache, model, budget));
+}
+
+// Chooses, for every sequence holding `budget` tokens or more, the
+// length - budget + m slots to evict from the whole model, exactly as
+// host::select: each slot's eviction score combined over the heads of
+// every layer (Policy::granularity, a shared_layers<HeadReduction,
+// LayerReduction>), the protector's tokens and the first pinned_prefix[b]
+// slots never chosen, ties to the older token. Writes selection.counts,
+// the ascending slots (and cache_slots when given: paged
+// indices[indptr[b] + t / page_size] * page_size + t % page_size,
+// contiguous t), selection.out.new_lengths (always length_after_compress)
+// and selection.out.freed_pages; moves nothing. `cache` is any layer's
+// view: select reads its lengths and page table only. One block per
+// sequence. See the top of this file for what the device checks.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                   model_state<memory_space::device> model, std::int32_t budget,
+                   eviction_selection<memory_space::device> selection,
+                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
+  const char* fn = "cuda::select";
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
+                "cuda::select chooses one set of slots for the whole model: give the policy a shared_layers "
+                "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
+                "evict layer by layer with cuda::compress");
+  if (d_workspace == nullptr) {
+    workspace_bytes = select_workspace_bytes(policy, cache, model, budget);
+    return cudaSuccess;
+  }
+  constexpr bool paged = requires { cache.page_size; };
+  detail::validate_model(fn, policy, cache, model);
+  detail::validate_budget(fn, policy, budget);
+  const std::int32_t m = policy.config.evict_count;
+  const state_shape& shape = model.first.shape;
+  // Workspace.
+  const detail::compress_workspace::sizes sizes = detail::select_sizes(policy, cache, model, budget);
+  const std::size_t need = detail::compress_workspace::bytes(sizes);
+  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
+                  " bytes the workspace query returned");
+  detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
+                  "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
+  const detail::byte_range ws_range{d_workspace, workspace_bytes, "d_workspace"};
+  // The selection's spans.
+  const std::int32_t stride_need = max_evictions(shape.capacity, budget, m);
+  detail::require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
+                  shape.capacity, ", budget ", budget, ", m ", m, ") = ", stride_need, ", got ", selection.stride);
+  const auto batch = static_cast<std::size_t>(cache.batch);
+  const std::size_t entries = batch * static_cast<std::size_t>(selection.stride);
+  detail::require(selection.counts.size() == batch && selection.counts.data() != nullptr, fn, "selection.counts",
+                  "must hold batch = ", batch, " entries (non-null), got ", selection.counts.size());
+  detail::require(selection.slots.size() >= entries && (entries == 0 || selection.slots.data() != nullptr), fn,
+                  "selection.slots", "must hold batch * stride = ", entries, " entries (non-null), got ",
+                  selection.slots.size());
+  detail::require(selection.cache_slots.empty() ||
+                      (selection.cache_slots.size() >= entries && selection.cache_slots.data() != nullptr),
+                  fn, "selection.cache_slots", "must be empty or hold batch * stride = ", entries,
+                  " entries (non-null), got ", selection.cache_slots.size());
+  if constexpr (paged)
+    detail::require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX,
+                    fn, "selection.cache_slots", "are int32: num_pages * page_size = ",
+                    std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
+  detail::require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
+                  "must not be null when its size is ", pinned_prefix.size());
+  detail::require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
+                  "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
+  {
+    // Outputs must not overlap anything the call reads, nor each other; the
+    // workspace must not overlap what the call reads.
+    detail::validate_output(fn, cache, model.first, selection.out, ws_range);
+    detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model), ws_range);
+    detail::byte_range table[3];
+    host::detail::table_ranges(cache, table);
+    const detail::byte_range inputs[] = {table[0],
+                                         table[1],
+                                         table[2],
+                                         detail::range_of(model.first.state_rows, "state.state_rows"),
+                                         detail::model_range(model),
+                                         ws_range,
+                                         detail::range_of(pinned_prefix, "pinned_prefix")};
+    const detail::byte_range outputs[] = {
+        detail::range_of(selection.counts, "selection.counts"),
+        {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
+        {selection.cache_slots.data(), selection.cache_slots.empty() ? 0 : entries * sizeof(std::int32_t),
+         "selection.cache_slots"},
+        detail::range_of(selection.out.new_lengths, "selection.out.new_lengths"),
+        detail::range_of(selection.out.freed_pages, "selection.out.freed_pages")};
+    for (std::size_t i = 0; i < std::size(outputs); ++i) {
+      for (const detail::byte_range& in : inputs)
+        detail::require(!detail::overlaps(outputs[i], in), fn, outputs[i].name, "must not overlap ", in.name);
+      for (std::size_t j = 0; j < i; ++j)
+        detail::require(!detail::overlaps(outputs[i], outputs[j]), fn, outputs[i].name, "must not overlap ",
+                        outputs[j].name);
+    }
+  }
+
+  const detail::sequence_table seqs = detail::make_sequence_table(cache);
+  const detail::compress_workspace ws = detail::compress_workspace::carve(d_workspace, sizes);
+  const auto blocks = static_cast<unsigned>(cache.batch);
+  detail::select_shared_kernel<typename Policy::protector, evicts_highest<typename Policy::observation>,
+                               typename Policy::granularity>
+      <<<blocks, select_traits::threads, 0, stream>>>(policy.config, seqs, model, budget,
+                                                      pinned_prefix.empty() ? nullptr : pinned_prefix.data(), ws);
+  detail::selection_out out;
+  out.counts = selection.counts.data();
+  out.slots = selection.slots.data();
+  out.cache_slots = selection.cache_slots.empty() ? nullptr : selection.cache_slots.data();
+  out.stride = selection.stride;
+  out.new_lengths = selection.out.new_lengths.data();
+  out.freed_pages = selection.out.freed_pages.empty() ? nullptr : selection.out.freed_pages.data();
+  detail::publish_selection_kernel<><<<blocks, slot_traits::threads, 0, stream>>>(m, seqs, model, budget, ws, out);
+  return cudaGetLastError();
+}
+
+// Bytes of workspace compact needs: 4 per pool page for a paged cache (the
+// shared-page check's listing counts). Never 0, as CUB's sizes: a contiguous
+// cache gets 1 (unused), so the call after a query is never taken for one.
+template <class View>
+std::size_t compact_workspace_bytes(const View& cache) {
+  if constexpr (requires { cache.num_pages; })
+    return cache.num_pages > 0 ? sizeof(std::int32_t) * static_cast<std::size_t>(cache.num_pages) : 1;
+  else
+    return 1;
+}
+
+// Applies a selection to one layer, exactly as host::compact: evicts its
+// slots from every head and closes the holes in K, V and the layer's state
+// (settings.compaction_mode, as compress). Call it for every layer with
+// the same selection, then apply selection.out once (shrink_page_table).
+// Lengths and the page table are read, not written. A page that would be
+// written (one holding a slot in [first evicted slot, new length) of its
+// sequence) must be listed once in the table (status_shared_page); pages
+// wholly below a sequence's first evicted slot, such as a shared prefix
+// pinned in select, may be shared. Two-phase (d_workspace == nullptr: the
+// size query); one workspace serves every layer of a stream.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                    eviction_state<memory_space::device> state, eviction_selection<memory_space::device> selection,
+                    cudaStream_t stream = 0) {
+  const char* fn = "cuda::compact";
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  using T = typename View::element_type;
+  constexpr bool paged = requires { cache.page_size; };
+  if (d_workspace == nullptr) {
+    detail::validate_cache(fn, cache);
+    workspace_bytes = compact_workspace_bytes(cache);
+    return cudaSuccess;
+  }
+  detail::validate_common(fn, policy, cache, state);
+  detail::validate_selection_spans(fn, cache, selection);
+  const std::size_t need = compact_workspace_bytes(cache);
+  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
+                  " bytes the workspace query returned");
+  detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % alignof(std::int32_t) == 0, fn, "d_workspace",
+                  "must be aligned to ", alignof(std::int32_t), " bytes");
+  const detail::byte_range ws_range{d_workspace, paged ? need : 0, "d_workspace"};
+  {
+    detail::byte_range kv[2];
+    host::detail::kv_ranges(cache, kv);
+    const detail::byte_range written[] = {kv[0], kv[1], detail::state_range(state), ws_range};
+    detail::validate_selection_apart(fn, cache.batch, selection, written);
+    detail::validate_workspace_apart(fn, cache, state, ws_range);
+  }
+  const detail::sequence_table seqs = detail::make_sequence_table(cache);
+  std::int32_t* page_counts = nullptr;
+  if constexpr (paged) {
+    page_counts = static_cast<std::int32_t*>(d_workspace);
+    const cudaError_t err = cudaMemsetAsync(page_counts, 0, need, stream);
+    if (err != cudaSuccess) return err;
+  }
+  const detail::selection_in sel = detail::selection_input(selection);
+  detail::selection_check_kernel<typename Policy::protector>
+      <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
+                                                                                  page_counts);
+  const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
+  const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));
+  const int vec = detail::row_alignment(rows, row_bytes, true);
+  const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
+  detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
+      policy.config.compaction_mode == compaction::preserve_order, true, seqs, rows, row_bytes, vec, state, sel,
+      page_counts);
+  return cudaGetLastError();
+}
+
+// Applies a selection to one layer's state only, exactly as host::forget,
+// for an engine that freed the slots in its own allocator
+// (selection.cache_slots) and removed them from each sequence's token list
+// keeping the others in order: the state drops the same slots and keeps
+// its order too, whatever settings.compaction_mode says. K and V are not
+// touched; `cache` gives the lengths before the removal.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t forget(const Policy& policy, View cache, eviction_state<memory_space::device> state,
+                   eviction_selection<memory_space::device> selection, cudaStream_t stream = 0) {
+  const char* fn = "cuda::forget";
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  detail::validate_common(fn, policy, cache, state);
+  detail::validate_selection_spans(fn, cache, selection);
+  const detail::byte_range written[] = {detail::state_range(state)};
+  detail::validate_selection_apart(fn, cache.batch, selection, written);
+  const detail::sequence_table seqs = detail::make_sequence_table(cache);
+  const detail::selection_in sel = detail::selection_input(selection);
+  detail::selection_check_kernel<typename Policy::protector>
+      <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
+                                                                                  nullptr);
+  const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
+  detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
+      true, false, seqs, detail::row_table<std::byte>{}, 0, 1, state, sel, nullptr);
+  return cudaGetLastError();
+}
+
+}  // namespace scissorhands::cuda
