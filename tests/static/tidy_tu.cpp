@@ -5,7 +5,9 @@
 // probabilities and queries (lse dense, token-major and ragged), admit,
 // compress into a compress_output, a state seen through a batch mapping,
 // reset_state / reset_sequence, shrink_page_table, the sizing helpers,
-// catch_errors, and the C++17 bridge's definitions (one policy).
+// catch_errors, token-level eviction (shared_heads compress, select,
+// compact, forget, the model state), and the C++17 bridge's definitions
+// (one policy).
 // Built as part of the tests so it also compiles with g++.
 #include <scissorhands/scissorhands.hpp>
 #include <scissorhands/bridge/bridge_impl.hpp>
@@ -59,6 +61,28 @@ void use_policy(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<float
   use_backend(policy, paged, state, e);
 }
 
+// Token-level eviction: shared_heads through compress, shared_layers
+// through select + compact / forget over a model state.
+template <class View>
+void use_token_level(View cache, sh::model_state<host> model, engine_buffers& e) {
+  using heads = sh::with_granularity<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>;
+  using layers = sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<>>;
+  const sh::compress_output<host> out{{e.new_lengths.data(), e.new_lengths.size()}, {e.freed.data(), e.freed.size()}};
+  sh::host::compress(heads{}, cache, model.layer(0), 8, {e.workspace.data(), e.workspace.size()}, out);
+  std::vector<std::int32_t> counts(4), slots(64), cache_slots(64);
+  const sh::eviction_selection<host> selection{16, {counts.data(), counts.size()}, {slots.data(), slots.size()},
+                                               {cache_slots.data(), cache_slots.size()}, out};
+  const auto mapped = model.for_batch({e.state_rows.data(), e.state_rows.size()});
+  sh::host::select(layers{}, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, selection,
+                   {e.qo_indptr.data(), e.qo_indptr.size()});
+  for (std::int32_t l = 0; l < model.layers; ++l) {
+    sh::host::compact(layers{}, cache, mapped.layer(l), selection, {e.workspace.data(), e.workspace.size()});
+    sh::host::forget(layers{}, cache, mapped.layer(l), selection);
+  }
+  (void)sh::host::select_workspace_bytes(cache, model.shape());
+  (void)sh::host::compact_workspace_bytes(cache);
+}
+
 // Never called: it exists to be compiled and analysed.
 void instantiate(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<float> paged,
                  sh::eviction_state<host> state, engine_buffers& e) {
@@ -73,6 +97,14 @@ void instantiate(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<floa
       contiguous, paged, state, e);
   use_policy<sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(
       contiguous, paged, state, e);
+  std::vector<std::byte> model_buffer(sh::model_state_bytes(state.shape, 2));
+  const auto model = sh::make_model_state(sh::host_span<std::byte>(model_buffer.data(), model_buffer.size()),
+                                          state.shape, 2);
+  use_token_level(contiguous, model, e);
+  use_token_level(paged, model, e);
+  sh::host::reset_state(model);
+  sh::host::reset_sequence(model, 0, 0);
+  (void)sh::max_evictions(512, 256, 8);
   sh::host::reset_state(state);
   sh::host::reset_sequence(state, 0, 0);
   (void)sh::catch_errors([&] { sh::host::reset_sequence(state, 1, 0); });
