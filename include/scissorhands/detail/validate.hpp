@@ -90,19 +90,21 @@ inline bool overlaps(const byte_range& a, const byte_range& b) {
 // an output would otherwise change an input under the call.
 template <class View, memory_space Space>
 void validate_output(const char* fn, const View& cache, const eviction_state<Space>& state,
-                     const compress_output<Space>& out, byte_range workspace) {
+                     const compress_output<Space>& out, byte_range workspace,
+                     const char* new_lengths_name = "out.new_lengths",
+                     const char* freed_pages_name = "out.freed_pages") {
   constexpr bool paged = requires { cache.page_size; };
   require(out.new_lengths.size() == static_cast<std::size_t>(cache.batch) && out.new_lengths.data() != nullptr, fn,
-          "out.new_lengths", "must hold batch = ", cache.batch, " entries (non-null), got ", out.new_lengths.size(),
+          new_lengths_name, "must hold batch = ", cache.batch, " entries (non-null), got ", out.new_lengths.size(),
           out.new_lengths.data() == nullptr ? " at a null pointer" : "");
   if constexpr (paged)
     require(out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr, fn,
-            "out.freed_pages", "must hold batch = ", cache.batch, " entries for a paged cache, got ",
+            freed_pages_name, "must hold batch = ", cache.batch, " entries for a paged cache, got ",
             out.freed_pages.size());
   else
     require(out.freed_pages.empty() ||
                 (out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr),
-            fn, "out.freed_pages", "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
+            fn, freed_pages_name, "must be empty or hold batch = ", cache.batch, " entries (non-null), got ",
             out.freed_pages.size(), out.freed_pages.data() == nullptr ? " at a null pointer" : "");
   const byte_range state_bytes_range{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total,
                                      "the state"};
@@ -131,13 +133,13 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
       }(),
       workspace,
   };
-  const byte_range outputs[] = {range_of(out.new_lengths, "out.new_lengths"),
-                                range_of(out.freed_pages, "out.freed_pages")};
+  const byte_range outputs[] = {range_of(out.new_lengths, new_lengths_name),
+                                range_of(out.freed_pages, freed_pages_name)};
   for (const byte_range& o : outputs)
     for (const byte_range& i : inputs)
       require(!overlaps(o, i), fn, o.name, "must not overlap ", i.name,
               " (the call reads it while writing its outputs; apply new lengths after the call)");
-  require(!overlaps(outputs[0], outputs[1]), fn, "out.freed_pages", "must not overlap out.new_lengths");
+  require(!overlaps(outputs[0], outputs[1]), fn, freed_pages_name, "must not overlap ", new_lengths_name);
 }
 
 // The state shape a policy needs for a cache: a row per batch position and

@@ -217,7 +217,8 @@ void select(const Policy& policy, View cache, model_state<memory_space::host> mo
     // Outputs must not overlap anything the call reads, nor each other.
     // (validate_output checks out.* against the cache, layer 0 and the
     // workspace; the whole model and the other outputs are checked here.)
-    detail::validate_output(fn, cache, model.first, selection.out, {workspace.data(), workspace.size(), "workspace"});
+    detail::validate_output(fn, cache, model.first, selection.out, {workspace.data(), workspace.size(), "workspace"},
+                            "selection.out.new_lengths", "selection.out.freed_pages");
     detail::byte_range table[3];
     detail::table_ranges(cache, table);
     const detail::byte_range inputs[] = {table[0],
@@ -248,7 +249,7 @@ void select(const Policy& policy, View cache, model_state<memory_space::host> mo
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
     const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
-    detail::require(pinned >= 0 && (len == 0 || pinned <= len), fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
+    detail::require(pinned >= 0 && pinned <= len, fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
                     "] (the sequence's length), got ", pinned);
     if (len < budget) continue;
     const std::int32_t r = model.first.row(b);
