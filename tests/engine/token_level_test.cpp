@@ -2093,7 +2093,7 @@ void run_engine(const tl_config& c) {
 
 template <class Policy, class G>
 using at = sh::with_granularity<Policy, G>;
-using mean_mean = sh::shared_layers<>;
+using mean_mean = sh::shared_layers<sh::mean_score, sh::mean_score>;
 using max_max = sh::shared_layers<sh::max_score, sh::max_score>;
 using mean_max = sh::shared_layers<sh::mean_score, sh::max_score>;
 
