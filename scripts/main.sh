@@ -14,6 +14,8 @@
 # model's context) are refused for that model. $SCISSORHANDS_MODEL=PATH
 # runs that one model only; $SCISSORHANDS_MODELS_DIR changes where the
 # three are looked for; $SCISSORHANDS_BUILD_DIR the build folder (build).
+# Eviction granularity (per head / shared heads / shared layers) has its own
+# longer run: scripts/granularity.sh (docs/granularity.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

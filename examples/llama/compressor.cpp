@@ -1,4 +1,5 @@
 #include "compressor.hpp"
+#include "compressor_factory.hpp"
 
 #include <type_traits>
 
@@ -64,7 +65,69 @@ gqa_kind parse_gqa(const std::string& spec, const std::string& v) {
   bad(spec, "gqa", "must be mean or max, got '" + v + "'");
 }
 
+const char* reduction_name(reduction_kind r) { return r == reduction_kind::max ? "max" : "mean"; }
+
+template <class Reduction>
+constexpr reduction_kind reduction_of() {
+  return std::is_same_v<Reduction, sh::max_score> ? reduction_kind::max : reduction_kind::mean;
+}
+
 }  // namespace
+
+std::string granularity_spec::name() const {
+  switch (kind) {
+    case sh::granularity_kind::per_head: return "head";
+    case sh::granularity_kind::shared_heads: return std::string("heads-") + reduction_name(heads);
+    case sh::granularity_kind::shared_layers:
+      return std::string("layers-") + reduction_name(heads) +
+             (layers == heads ? std::string() : std::string("-") + reduction_name(layers));
+  }
+  return "?";
+}
+
+std::string granularity_help() {
+  return "head (each KV head evicts on its own: the default), heads-mean|heads-max (one choice per layer: the same "
+         "slots leave every KV head of the layer), layers-H[-L] with H, L in mean|max (one choice for the whole "
+         "model: the same slots leave every head of every layer; H combines a layer's heads, L the layers, L = H "
+         "when omitted: layers-mean, layers-max, layers-mean-max, layers-max-mean); heads and layers alone are the "
+         "library's defaults (shared_heads<>, shared_layers<>)";
+}
+
+granularity_spec parse_granularity(const std::string& text, const std::string& option) {
+  const auto reduction = [&](const std::string& v, reduction_kind& out) {
+    if (v == "mean") out = reduction_kind::mean;
+    else if (v == "max") out = reduction_kind::max;
+    else return false;
+    return true;
+  };
+  granularity_spec g;
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, '-')) parts.push_back(item);
+  if (!text.empty() && text.back() == '-') parts.push_back("");
+  bool ok = false;
+  if (parts.size() == 1 && parts[0] == "head") {
+    ok = true;
+  } else if (!parts.empty() && parts[0] == "heads" && parts.size() <= 2) {
+    g.kind = sh::granularity_kind::shared_heads;
+    g.heads = reduction_of<sh::shared_heads<>::head_reduction>();
+    ok = parts.size() == 1 || reduction(parts[1], g.heads);
+  } else if (!parts.empty() && parts[0] == "layers" && parts.size() <= 3) {
+    g.kind = sh::granularity_kind::shared_layers;
+    g.heads = reduction_of<sh::shared_layers<>::head_reduction>();
+    g.layers = reduction_of<sh::shared_layers<>::layer_reduction>();
+    ok = true;
+    if (parts.size() >= 2) {
+      ok = reduction(parts[1], g.heads);
+      g.layers = g.heads;
+    }
+    if (ok && parts.size() == 3) ok = reduction(parts[2], g.layers);
+  }
+  if (!ok)
+    throw std::invalid_argument(option + " must be " + granularity_help() + "; got '" + text + "'");
+  return g;
+}
 
 std::string policy_spec::describe() const {
   std::ostringstream o;
@@ -79,6 +142,7 @@ std::string policy_spec::describe() const {
   if (observation == observation_kind::random) o << " seed=" << config.seed;
   o << " norm=" << (config.normalize ? 1 : 0);
   if (config.compaction_mode == sh::compaction::preserve_order) o << " compaction=preserve_order";
+  if (!granularity.per_head()) o << " gran=" << granularity.name();
   return o.str();
 }
 
@@ -89,7 +153,9 @@ std::string policy_help() {
          "  w=1), streaming (recency + 4 sinks), random (random_score), keynorm (key_norm), decay (attention_mass +\n"
          "  exponential_decay); append :key=value,... with keys w r s m alpha decay norm gqa(mean|max) seed\n"
          "  obs(important|unimportant|mass|keynorm|recency|random) hist(window|unbounded|decay) compaction(fill|order)\n"
-         "  label";
+         "  gran(head|heads-mean|heads-max|layers-mean|layers-max|layers-mean-max|layers-max-mean: see --granularity)\n"
+         "  label; a spec at a granularity other than head is labelled preset/granularity (h2o/layers-max) unless\n"
+         "  it gives a label";
 }
 
 policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
@@ -150,6 +216,8 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
   if (o.gqa) p.gqa = *o.gqa;
   if (o.seed) c.seed = *o.seed;
   if (o.compaction_mode) c.compaction_mode = *o.compaction_mode;
+  if (o.granularity) p.granularity = *o.granularity;
+  bool labelled = false;
   std::stringstream rest(colon == std::string::npos ? std::string() : text.substr(colon + 1));
   std::string item;
   while (std::getline(rest, item, ',')) {
@@ -166,7 +234,8 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     else if (key == "norm") c.normalize = parse_bool(text, key, v);
     else if (key == "gqa") p.gqa = parse_gqa(text, v);
     else if (key == "seed") c.seed = static_cast<std::uint32_t>(parse_int(text, key, v, 0));
-    else if (key == "label") p.label = v;
+    else if (key == "label") p.label = v, labelled = true;
+    else if (key == "gran") p.granularity = parse_granularity(v, "policy '" + text + "': gran");
     else if (key == "compaction") {
       if (v == "fill") c.compaction_mode = sh::compaction::fill_holes;
       else if (v == "order") c.compaction_mode = sh::compaction::preserve_order;
@@ -185,7 +254,7 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
       else if (v == "decay") p.history = history_kind::decay;
       else bad(text, key, "must be window, unbounded or decay, got '" + v + "'");
     } else {
-      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction label");
+      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction gran label");
     }
   }
   // A static score is given once and never updated: any history is moot, and
@@ -193,115 +262,42 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
   if (p.observation == observation_kind::key_norm || p.observation == observation_kind::recency ||
       p.observation == observation_kind::random)
     p.history = history_kind::unbounded;
+  if (!labelled && !p.granularity.per_head()) p.label.append("/").append(p.granularity.name());
   return p;
 }
 
 namespace {
 
-// Aligned, owned storage for a layer's library state (make_state wants 256).
-struct aligned_buffer {
-  std::byte* data = nullptr;
-  std::size_t size = 0;
-  explicit aligned_buffer(std::size_t n) : size(n) {
-    const std::size_t rounded = (n + 255) / 256 * 256;
-    data = static_cast<std::byte*>(std::aligned_alloc(256, rounded == 0 ? 256 : rounded));
-    if (!data) throw std::bad_alloc();
+// The factory functions are defined (and explicitly instantiated for every
+// policy this file can ask for) in compressor_head.cpp, compressor_heads.cpp
+// and compressor_layers_*.cpp: one translation unit per granularity family,
+// so that the build runs them in parallel.
+template <class Base>
+std::unique_ptr<kv_compressor> pick_granularity(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
+                                                const std::vector<sh::host_kv_view<float>>& caches,
+                                                observe_source source, std::int32_t capacity) {
+  const detail::compressor_args args{spec, budgets, caches, source, capacity};
+  const granularity_spec& g = spec.granularity;
+  const bool head_max = g.heads == reduction_kind::max, layer_max = g.layers == reduction_kind::max;
+  switch (g.kind) {
+    case sh::granularity_kind::per_head: return detail::make_at<Base, sh::per_head>(args);
+    case sh::granularity_kind::shared_heads:
+      return head_max ? detail::make_at<Base, detail::heads_max>(args) : detail::make_at<Base, detail::heads_mean>(args);
+    case sh::granularity_kind::shared_layers:
+      if (head_max) return layer_max ? detail::make_at<Base, detail::layers_max_max>(args)
+                                     : detail::make_at<Base, detail::layers_max_mean>(args);
+      return layer_max ? detail::make_at<Base, detail::layers_mean_max>(args)
+                       : detail::make_at<Base, detail::layers_mean_mean>(args);
   }
-  aligned_buffer(const aligned_buffer&) = delete;
-  aligned_buffer& operator=(const aligned_buffer&) = delete;
-  ~aligned_buffer() { std::free(data); }
-};
-
-template <class Policy>
-class compressor_impl final : public kv_compressor {
- public:
-  compressor_impl(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                  const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
-                  std::int32_t state_capacity) {
-    spec_ = spec;
-    budgets_ = budgets;
-    source_ = source;
-    policy_.config = spec.config;
-    if (budgets.size() != caches.size())
-      throw std::invalid_argument("make_compressor: budgets has " + std::to_string(budgets.size()) +
-                                  " entries but the cache has " + std::to_string(caches.size()) + " layers");
-    for (std::size_t l = 0; l < caches.size(); ++l) {
-      sh::state_shape shape = sh::state_shape_for(policy_, caches[l]);
-      if (state_capacity > 0) shape.capacity = state_capacity;
-      const std::size_t bytes = sh::state_bytes(shape);
-      state_bytes_.push_back(bytes);
-      buffers_.push_back(std::make_unique<aligned_buffer>(bytes));
-      states_.push_back(sh::make_state(sh::host_span<std::byte>(buffers_.back()->data, bytes), shape));
-      const std::size_t ws = sh::host::compress_workspace_bytes(caches[l]);
-      workspaces_.push_back(std::make_unique<aligned_buffer>(ws));
-      workspace_bytes_.push_back(ws);
-    }
-    reset();
-  }
-
-  void observe(std::int32_t layer, sh::host_kv_view<float> cache, const attention_batch& att) override {
-    const auto l = static_cast<std::size_t>(layer);
-    switch (source_) {
-      case observe_source::probabilities: {
-        // A strided view over the engine's [q_heads][queries][slots] buffer:
-        // the library reads the q_len rows it is given, each up to its
-        // causal limit.
-        sh::probability_view<sh::memory_space::host> view{};
-        view.data = sh::host_span<const float>(att.probs, att.probs_size);
-        view.q_heads = att.q_heads;
-        view.q_len = att.q_len;
-        view.sequence_stride = 0;  // one sequence
-        view.head_stride = att.probs_head_stride;
-        view.query_stride = att.probs_query_stride;
-        sh::host::observe_probabilities(policy_, cache, states_[l], view);
-        break;
-      }
-      case observe_source::queries:
-      case observe_source::queries_lse: {
-        const std::size_t rows = static_cast<std::size_t>(att.q_len) * static_cast<std::size_t>(att.q_heads);
-        const auto q = sh::query_view<float, sh::memory_space::host>::dense(
-            sh::host_span<const float>(att.queries, rows * static_cast<std::size_t>(cache.head_dim)), att.q_heads,
-            att.q_len, cache.head_dim);
-        sh::lse_view<sh::memory_space::host> lv{};
-        if (source_ == observe_source::queries_lse)
-          lv = sh::lse_view<sh::memory_space::host>::token_major(sh::host_span<const float>(att.lse, rows),
-                                                                  att.q_heads, att.q_len, sh::lse_base::natural);
-        sh::host::observe_queries(policy_, cache, states_[l], q, lv);
-        break;
-      }
-    }
-  }
-
-  std::int32_t compress(std::int32_t layer, sh::host_kv_view<float> cache, std::int32_t budget) override {
-    const auto l = static_cast<std::size_t>(layer);
-    std::int32_t new_length = 0;
-    sh::host::compress(policy_, cache, states_[l], budget,
-                       sh::host_span<std::byte>(workspaces_[l]->data, workspace_bytes_[l]),
-                       {sh::host_span<std::int32_t>(&new_length, 1), {}});
-    return new_length;
-  }
-
-  void reset() override {
-    for (auto& s : states_) sh::host::reset_state(s);
-  }
-
-  sh::eviction_state<sh::memory_space::host> state(std::int32_t layer) const override {
-    return states_.at(static_cast<std::size_t>(layer));
-  }
-
- private:
-  Policy policy_;
-  std::vector<std::unique_ptr<aligned_buffer>> buffers_, workspaces_;
-  std::vector<std::size_t> workspace_bytes_;
-  std::vector<sh::eviction_state<sh::memory_space::host>> states_;
-};
+  throw std::invalid_argument("make_compressor: unknown granularity");
+}
 
 template <class Obs, class Hist, class Gqa>
 std::unique_ptr<kv_compressor> build(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
                                      const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
                                      std::int32_t capacity) {
   using policy = sh::eviction_policy<Obs, Hist, sh::recent_window, Gqa>;
-  return std::make_unique<compressor_impl<policy>>(spec, budgets, caches, source, capacity);
+  return pick_granularity<policy>(spec, budgets, caches, source, capacity);
 }
 
 template <class Obs, class Hist>

@@ -17,6 +17,32 @@ namespace llama {
 enum class observation_kind { important, unimportant, mass, key_norm, recency, random };
 enum class history_kind { window, unbounded, decay };
 enum class gqa_kind { mean, max };
+// Eviction granularity (the library's policy/granularity.hpp): which tokens
+// leave together. Spelled on the command line as
+//   head               per_head: every KV head evicts on its own (default)
+//   heads-R            shared_heads<R>: one choice per layer, the same slots
+//                      leave every KV head of the layer
+//   layers-H[-L]       shared_layers<H, L>: one choice for the whole model,
+//                      the same slots leave every head of every layer (H
+//                      combines a layer's heads, L the layers; L = H when
+//                      omitted)
+// where R, H, L are mean or max (mean_score / max_score of the eviction
+// scores). "heads" and "layers" alone are the library's defaults
+// (shared_heads<>, shared_layers<>).
+enum class reduction_kind { mean, max };
+struct granularity_spec {
+  scissorhands::granularity_kind kind = scissorhands::granularity_kind::per_head;
+  reduction_kind heads = reduction_kind::mean;   // shared_heads, shared_layers
+  reduction_kind layers = reduction_kind::mean;  // shared_layers
+  bool per_head() const { return kind == scissorhands::granularity_kind::per_head; }
+  // "head", "heads-mean", "layers-max", "layers-mean-max" (the canonical spelling).
+  std::string name() const;
+};
+// Parses the spellings above; throws std::invalid_argument naming `option`
+// (e.g. "--granularity" or "policy 'h2o:gran=x': gran") and what it accepts.
+granularity_spec parse_granularity(const std::string& text, const std::string& option);
+// The accepted spellings, for --help.
+std::string granularity_help();
 // Where the probabilities the library observes come from.
 enum class observe_source {
   probabilities,  // the engine's own softmax output (host::observe_probabilities)
@@ -29,9 +55,11 @@ struct policy_spec {
   observation_kind observation = observation_kind::important;
   history_kind history = history_kind::window;
   gqa_kind gqa = gqa_kind::mean;
+  granularity_spec granularity{};
   scissorhands::settings config{};
 
   // "important_indicator+sliding_window w=400 r=10 s=0 m=1 alpha=1 gqa=mean norm=0"
+  // (" gran=layers-mean" appended unless per_head).
   std::string describe() const;
 };
 
@@ -44,14 +72,17 @@ struct policy_overrides {
   std::optional<gqa_kind> gqa;
   std::optional<std::uint32_t> seed;
   std::optional<scissorhands::compaction> compaction_mode;
+  std::optional<granularity_spec> granularity;
 };
 
 // Parses "preset[:key=value,...]". Presets: scissorhands (threshold +
 // sliding window), h2o (attention mass + unbounded), streaming (recency +
 // unbounded, 4 sinks), random (random score), keynorm (key norm), tova-like
 // "decay" (attention mass + exponential decay). Keys: w r s m alpha decay
-// norm gqa seed obs hist compaction label. Throws std::invalid_argument
-// naming the key and the accepted values.
+// norm gqa seed obs hist compaction gran label. Throws std::invalid_argument
+// naming the key and the accepted values. A spec at a granularity other
+// than head is labelled "preset/granularity" (e.g. "h2o/layers-max")
+// unless it gives a label.
 policy_spec parse_policy(const std::string& text, const policy_overrides& overrides = {});
 // The list of presets, for --help.
 std::string policy_help();
@@ -82,11 +113,26 @@ class kv_compressor {
   // Evicts when the layer's cache holds `budget` tokens or more, down to
   // budget - m (the library decides which) and returns the layer's new
   // length: the lengths are the engine's, and it applies it. The one-
-  // argument form uses the layer's budget.
+  // argument form uses the layer's budget. Per layer: per_head and
+  // shared_heads (host::compress); a shared_layers compressor throws
+  // std::logic_error (use compress_model).
   virtual std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache, std::int32_t budget) = 0;
   std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) {
     return compress(layer, cache, budget(layer));
   }
+  // shared_layers (model_wide()): once per step, after every layer was
+  // observed, evicts the same slots from every head of every layer
+  // (host::select once, then host::compact per layer) and returns the new
+  // length, the same for every layer; the engine applies it to all.
+  // `caches` lists every layer's view, lengths before the call. Others
+  // throw std::logic_error.
+  virtual std::int32_t compress_model(const std::vector<scissorhands::host_kv_view<float>>& caches,
+                                      std::int32_t budget) = 0;
+  std::int32_t compress_model(const std::vector<scissorhands::host_kv_view<float>>& caches) {
+    return compress_model(caches, budget(0));
+  }
+  // True for a shared_layers granularity: compress_model, not compress.
+  bool model_wide() const { return spec_.granularity.kind == scissorhands::granularity_kind::shared_layers; }
   // Forgets every token (a new text).
   virtual void reset() = 0;
   // The library's state of a layer (tests inspect it).
@@ -110,7 +156,9 @@ class kv_compressor {
 // `state_capacity` > 0 gives it: the most tokens a layer holds when the
 // library is called). Budgets and settings are validated by the library
 // when compress runs (the engine's validate_budgets calls it on an empty
-// cache up front).
+// cache up front). A shared_layers spec needs one budget for every layer
+// (one set of slots for the whole model): other budgets are refused with
+// std::invalid_argument.
 std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
                                                const std::vector<scissorhands::host_kv_view<float>>& caches,
                                                observe_source source = observe_source::probabilities,

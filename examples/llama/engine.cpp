@@ -131,8 +131,32 @@ void engine::validate_budgets() {
   reset();
   if (!compressor_) return;
   const std::int32_t m = compressor_->spec().config.evict_count;
+  if (compressor_->model_wide()) {
+    compressor_->compress_model(views(), compressor_->budget(0) + (plan_ ? m : 0));
+    return;
+  }
   for (std::int32_t l = 0; l < model_.config.layers; ++l)
     compressor_->compress(l, view(l), compressor_->budget(l) + (plan_ ? m : 0));
+}
+
+std::vector<sh::host_kv_view<float>> engine::views() {
+  std::vector<sh::host_kv_view<float>> out;
+  for (std::int32_t l = 0; l < model_.config.layers; ++l) out.push_back(view(l));
+  return out;
+}
+
+void engine::compress_model(std::int32_t budget, std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress) {
+  if (before_compress) {
+    const auto h0 = clock_type::now();
+    for (std::int32_t l = 0; l < model_.config.layers; ++l) before_compress(l);
+    library -= clock_type::now() - h0;
+  }
+  const auto c0 = clock_type::now();
+  const std::int32_t kept = compressor_->compress_model(views(), budget);
+  std::fill(lengths_.begin(), lengths_.end(), kept);
+  const auto c1 = clock_type::now();
+  library += c1 - c0;
+  compress += c1 - c0;
 }
 
 void engine::reset() {
@@ -277,16 +301,23 @@ const float* engine::step(std::int32_t token) {
       att.q_heads = c.q_heads;
       att.q_len = 1;
       compressor_->observe(l, cache, att);
-      if (before_compress) {
-        const auto h0 = clock_type::now();
-        before_compress(l);
-        library -= clock_type::now() - h0;
+      if (compressor_->model_wide()) {
+        // shared_layers: the slots are chosen for the whole model once every
+        // layer has observed this step (below). Deferring is exact: this
+        // layer's attention already ran, and the next step sees the result.
+        library += clock_type::now() - l0;
+      } else {
+        if (before_compress) {
+          const auto h0 = clock_type::now();
+          before_compress(l);
+          library -= clock_type::now() - h0;
+        }
+        const auto c0 = clock_type::now();
+        lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, cache);
+        const auto c1 = clock_type::now();
+        library += c1 - l0;
+        compress += c1 - c0;
       }
-      const auto c0 = clock_type::now();
-      lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, cache);
-      const auto c1 = clock_type::now();
-      library += c1 - l0;
-      compress += c1 - c0;
     }
 
     matvec(xb_.data(), w.wo, att_out_.data(), dim, c.q_heads * hd);
@@ -300,6 +331,8 @@ const float* engine::step(std::int32_t token) {
     matvec(xb_.data(), w.w_down, hb_.data(), dim, c.hidden);
     for (std::int32_t i = 0; i < dim; ++i) x_[static_cast<std::size_t>(i)] += xb_[static_cast<std::size_t>(i)];
   }
+
+  if (compressor_ && !plan_ && compressor_->model_wide()) compress_model(compressor_->budget(0), library, compress);
 
   rmsnorm(xb_.data(), x_.data(), model_.output_norm, dim, c.rms_eps);
   matvec(logits_.data(), model_.output, xb_.data(), c.vocab, dim);
@@ -408,17 +441,23 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
       att.q_heads = c.q_heads;
       att.q_len = k;
       compressor_->observe(l, cache, att);
-      if (before_compress) {
-        const auto h0 = clock_type::now();
-        before_compress(l);
-        library -= clock_type::now() - h0;
+      if (compressor_->model_wide()) {
+        // shared_layers: compressed once every layer has observed (below);
+        // the later layers' inputs came from this layer's full attention.
+        library += clock_type::now() - l0;
+      } else {
+        if (before_compress) {
+          const auto h0 = clock_type::now();
+          before_compress(l);
+          library -= clock_type::now() - h0;
+        }
+        // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
+        const auto c0 = clock_type::now();
+        len = compressor_->compress(l, cache, compressor_->budget(l) + compressor_->spec().config.evict_count);
+        const auto c1 = clock_type::now();
+        library += c1 - l0;
+        compress += c1 - c0;
       }
-      // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
-      const auto c0 = clock_type::now();
-      len = compressor_->compress(l, cache, compressor_->budget(l) + compressor_->spec().config.evict_count);
-      const auto c1 = clock_type::now();
-      library += c1 - l0;
-      compress += c1 - c0;
     }
 
     matmul_tokens(pxb_.data(), w.wo, patt_.data(), dim, qd, n);
@@ -432,6 +471,9 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
     matmul_tokens(pxb_.data(), w.w_down, phb_.data(), dim, c.hidden, n);
     for (std::size_t i = 0; i < un * static_cast<std::size_t>(dim); ++i) px_[i] += pxb_[i];
   }
+
+  if (compressor_ && compressor_->model_wide())
+    compress_model(compressor_->budget(0) + compressor_->spec().config.evict_count, library, compress);
 
   // Logits of the last prompt token only (the others predict nothing here).
   rmsnorm(xb_.data(), row(px_, n - 1, dim), model_.output_norm, dim, c.rms_eps);

@@ -12,14 +12,21 @@
 //   4. the library observes that step's attention (host::observe_*), then
 //      host::compress evicts m tokens if the cache now holds its budget B.
 // So a head's cache never holds more than B tokens, and the step's output
-// was computed before anything was evicted.
+// was computed before anything was evicted. A shared_layers policy
+// (compressor granularity layers-*) observes every layer the same way but
+// evicts once per step, after the last layer: host::select chooses the
+// slots for the whole model and host::compact applies them to every layer
+// (the same tokens in every head of every layer; the outputs are those of
+// a per-layer compress at the same point, since each layer's attention had
+// already run).
 //
 // Prefill (the press-style protocol, evaluate --protocol prefill:P[:k]):
 // prefill() feeds P tokens in one pass. Per layer, every token's K and V are
 // appended, each of the P queries attends causally (query i over slots
 // 0..i), the library observes all P queries (or the last k) in one call
 // with q_len > 1, and compresses the layer to its budget B in one go
-// (host::compress at budget B + m evicts P - B). step() then decodes with
+// (host::compress at budget B + m evicts P - B; shared_layers: one select
+// after the last layer, compact on every layer). step() then decodes with
 // the cache growing and no further eviction. Each token's arithmetic is the
 // one step() does, so a prefill that evicts nothing gives every logit of a
 // token-by-token run bit for bit.
@@ -80,6 +87,7 @@ class engine {
   std::int32_t length(std::int32_t layer) const { return lengths_[static_cast<std::size_t>(layer)]; }
   std::int32_t capacity(std::int32_t layer) const { return capacity_[static_cast<std::size_t>(layer)]; }
   scissorhands::host_kv_view<float> view(std::int32_t layer);
+  std::vector<scissorhands::host_kv_view<float>> views();  // every layer's
   kv_compressor* compressor() { return compressor_.get(); }
   // K+V bytes of the cache buffers (what a budget saves) and of the
   // library's state (what it costs).
@@ -104,6 +112,9 @@ class engine {
 
  private:
   void allocate_cache();
+  // shared_layers: select + compact every layer at `budget`, every length
+  // set to the result; time added to library and compress.
+  void compress_model(std::int32_t budget, std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress);
   // One layer's attention for query rows q (q_heads x head_dim) at cache
   // length len: probabilities into p (q_heads rows, row stride p_stride),
   // natural LSE into lse[q_heads], output into out (q_heads x head_dim).

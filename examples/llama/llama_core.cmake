@@ -11,6 +11,10 @@ if(NOT TARGET llama_core)
     ${_llama_dir}/context.cpp
     ${_llama_dir}/engine.cpp
     ${_llama_dir}/compressor.cpp
+    ${_llama_dir}/compressor_head.cpp
+    ${_llama_dir}/compressor_heads.cpp
+    ${_llama_dir}/compressor_layers_mean.cpp
+    ${_llama_dir}/compressor_layers_max.cpp
     ${_llama_dir}/evaluate.cpp
     ${_llama_dir}/persistence.cpp
     ${_llama_dir}/model_path.cpp)

@@ -54,6 +54,7 @@ struct policy_options {
   bool normalize_flag = false;
   std::string gqa;
   std::string compaction;
+  std::string granularity;
 };
 
 // The default sampled text length: 500 tokens (8000 predictions over 16
@@ -88,8 +89,13 @@ void add_policy_options(CLI::App* app, policy_options& p) {
   app->add_option("--policy-seed", o.seed, "seed of the random policy's hash; default 0");
   app->add_option("--compaction", p.compaction, "fill (O(m) moves, default) or order (keeps slot order)")
       ->check(CLI::IsMember({"fill", "order"}));
-  app->add_option("--allocator", p.allocator, "split of the budget across layers: uniform, ramp (later layers more), pyramid")
+  app->add_option("--allocator", p.allocator,
+                  "split of the budget across layers: uniform, ramp (later layers more), pyramid (a layers-* "
+                  "granularity needs uniform)")
       ->check(CLI::IsMember({"uniform", "ramp", "pyramid"}));
+  app->add_option("--granularity", p.granularity,
+                  "which tokens leave together, for every policy (a spec's gran= key wins): " + granularity_help() +
+                      ". Labels gain /granularity (scissorhands/layers-max) unless head");
   app->add_option("--slope", p.slope, "ramp/pyramid slope in [0, 1); default 0.5");
 }
 
@@ -98,6 +104,20 @@ void finish_policy_options(policy_options& p) {
   if (p.gqa == "max") p.overrides.gqa = gqa_kind::max;
   if (p.compaction == "fill") p.overrides.compaction_mode = sh::compaction::fill_holes;
   if (p.compaction == "order") p.overrides.compaction_mode = sh::compaction::preserve_order;
+  if (!p.granularity.empty()) p.overrides.granularity = parse_granularity(p.granularity, "--granularity");
+}
+
+// A layers-* granularity evicts the same slots from every layer: it needs
+// one budget for all of them. Refused up front, before any work.
+void check_granularity_allocator(const std::vector<policy_spec>& specs, const std::string& allocator) {
+  if (allocator == "uniform") return;
+  for (const auto& s : specs)
+    if (s.granularity.kind == sh::granularity_kind::shared_layers)
+      throw std::invalid_argument("policy " + s.label + " has granularity " + s.granularity.name() +
+                                  ": one set of slots for the whole model needs the same budget in every layer, "
+                                  "and --allocator " + allocator +
+                                  " gives the layers different budgets (use --allocator uniform, or a head or heads "
+                                  "granularity)");
 }
 
 allocator_kind allocator_of(const std::string& s) {
@@ -536,6 +556,7 @@ int main(int argc, char** argv) {
       std::vector<std::int32_t> layer_budgets;
       if (!full) {
         spec = parse_policy(gen_policy, gen_opts.overrides);
+        check_granularity_allocator({spec}, gen_opts.allocator);
         layer_budgets = allocate_budgets(gen_budget, m.config.layers, allocator_of(gen_opts.allocator), gen_opts.slope);
         e.set_policy(&spec, layer_budgets, source_of(common.observe));
       }
@@ -584,6 +605,12 @@ int main(int argc, char** argv) {
 
     if (*ev) {
       finish_policy_options(ev_opts);
+      {
+        // Specs are parsed (and the granularity checked) before any work.
+        std::vector<policy_spec> early;
+        for (const auto& p : policies) early.push_back(parse_policy(p, ev_opts.overrides));
+        check_granularity_allocator(early, ev_opts.allocator);
+      }
       std::vector<protocol> protocols;
       for (const auto& p : protocol_texts) protocols.push_back(parse_protocol(p));
       std::vector<budget_spec> budget_specs;

@@ -6,7 +6,10 @@
 #  - generate clamps --steps to the context with a note saying so;
 #  - a --tokens file longer than the context is cut to it, with a note;
 #  - evaluate under decode and prefill:P writes the CSV with the model and
-#    protocol columns, and the prefill cell with B >= P equals the full cache.
+#    protocol columns, and the prefill cell with B >= P equals the full cache;
+#  - --granularity applies to every spec (a spec's gran= wins), both
+#    protocols run at layers-* and heads-*, and a layers-* granularity with a
+#    non-uniform --allocator is refused before any work.
 set -uo pipefail
 bin=$1
 model=$2
@@ -78,4 +81,19 @@ check "prefill at B = 16 < P differs from the full cache" test \
   "$(awk -F, '$16 == "prefill:48" && $2 == 16 && $7 != $8' "$csv" | wc -l)" = 2
 check "the decode and prefill tables were printed" grep -aq "Protocol prefill:48 (prompt of 48 tokens" "$work/both.out"
 check "the plot was drawn" test -s "$work/both.png"
+
+# Granularity.
+gcsv="$work/gran.csv"
+"$bin" --model "$model" --threads 1 evaluate --samples 1 --length 96 --protocol decode prefill:48 --budgets 24 \
+  --policies h2o scissorhands:gran=heads-max --granularity layers-max --no-plot --csv "$gcsv" > "$work/gran.out" 2>&1
+check "evaluate at layers-max and heads-max runs both protocols" test $? -eq 0
+check "--granularity labels h2o/layers-max, the spec's gran= wins" test \
+  "$(awk -F, 'NR > 1 && $2 == 24 { print $1 }' "$gcsv" | sort -u | tr '\n' ' ')" = "h2o/layers-max scissorhands/heads-max "
+check "rows: 2 protocols x (full + 2 policies)" test "$(tail -n +2 "$gcsv" | wc -l)" = 6
+out=$("$bin" --model "$model" evaluate --samples 1 --length 96 --budgets 24 --policies h2o --granularity layers-mean \
+      --allocator ramp --no-plot --csv "$work/gran_never.csv" 2>&1)
+rc=$?
+check "layers-mean with --allocator ramp is refused (exit status $rc)" test "$rc" -ne 0
+check "the refusal says why" grep -aq "needs the same budget in every layer" <<<"$out"
+check "nothing was written for it" test ! -e "$work/gran_never.csv"
 exit $fail

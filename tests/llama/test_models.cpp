@@ -265,6 +265,112 @@ TEST_CASE("prefill: one observe of q_len P (or k) and one compress to B, protect
     }
 }
 
+// Every (layer, head) of `layers` holds the same positions at every slot as
+// layer `layers.front()` head 0.
+static bool same_tokens(engine& e, const std::vector<std::int32_t>& layers) {
+  const auto first = e.compressor()->state(layers.front());
+  const std::int32_t len = e.length(layers.front());
+  for (const std::int32_t l : layers) {
+    if (e.length(l) != len) return false;
+    const auto st = e.compressor()->state(l);
+    for (std::int32_t h = 0; h < st.shape.kv_heads; ++h)
+      for (std::int32_t t = 0; t < len; ++t)
+        if (st.positions[st.index(0, h, t)] != first.positions[first.index(0, 0, t)]) return false;
+  }
+  return true;
+}
+
+TEST_CASE("granularity: spellings, labels and the refusal of per-layer budgets at layers-*", "[granularity]") {
+  CHECK(parse_granularity("head", "--granularity").per_head());
+  const auto hm = parse_granularity("heads-max", "--granularity");
+  CHECK(hm.kind == sh::granularity_kind::shared_heads);
+  CHECK(hm.name() == "heads-max");
+  const auto lmm = parse_granularity("layers-max-mean", "--granularity");
+  CHECK(lmm.kind == sh::granularity_kind::shared_layers);
+  CHECK(lmm.heads == reduction_kind::max);
+  CHECK(lmm.layers == reduction_kind::mean);
+  CHECK(parse_granularity("layers-max", "--granularity").name() == "layers-max");
+  CHECK(parse_granularity("layers-mean-max", "--granularity").name() == "layers-mean-max");
+  CHECK(parse_granularity("layers", "--granularity").kind == sh::granularity_kind::shared_layers);
+  CHECK_THROWS_WITH(parse_granularity("layer-mean", "--granularity"),
+                    Catch::StartsWith("--granularity must be") && Catch::Contains("got 'layer-mean'"));
+  CHECK_THROWS_WITH(parse_granularity("heads-mean-max", "--granularity"), Catch::Contains("got 'heads-mean-max'"));
+  // Labels and descriptions: unchanged at head.
+  const policy_spec plain = parse_policy("scissorhands");
+  CHECK(parse_policy("scissorhands:gran=head").label == "scissorhands");
+  CHECK(parse_policy("scissorhands:gran=head").describe() == plain.describe());
+  CHECK(parse_policy("h2o:gran=layers-max").label == "h2o/layers-max");
+  CHECK(parse_policy("h2o:gran=layers-max").describe().find(" gran=layers-max") != std::string::npos);
+  CHECK(parse_policy("h2o:gran=heads-mean,label=x").label == "x");
+  policy_overrides o;
+  o.granularity = parse_granularity("layers-mean", "--granularity");
+  CHECK(parse_policy("random", o).label == "random/layers-mean");
+  CHECK(parse_policy("random:gran=head", o).label == "random");  // the spec's key wins
+  CHECK_THROWS_WITH(parse_policy("h2o:gran=rows"), Catch::Contains("gran must be"));
+  // One set of slots for the whole model needs one budget.
+  const model& m = loaded("stories260K").weights;
+  engine e(m, 64);
+  const policy_spec layers = parse_policy("scissorhands:gran=layers-mean");
+  CHECK_THROWS_WITH(e.set_policy(&layers, allocate_budgets(24, m.config.layers, allocator_kind::ramp, 0.5)),
+                    Catch::Contains("every layer needs the same budget"));
+  const policy_spec heads = parse_policy("scissorhands:gran=heads-mean");
+  CHECK_NOTHROW(e.set_policy(&heads, allocate_budgets(24, m.config.layers, allocator_kind::ramp, 0.5)));
+}
+
+TEST_CASE("granularity: heads share slots within a layer, layers-* across the model, both protocols", "[granularity]") {
+  const model& m = loaded("stories260K").weights;
+  const model_config& c = m.config;
+  const auto text = sample_texts(m, 1, 96, 7, 1.0f, 0.9f).front().tokens;
+  const std::int32_t B = 24;
+  const std::vector<std::int32_t> budgets(static_cast<std::size_t>(c.layers), B);
+  std::vector<std::int32_t> all;
+  for (std::int32_t l = 0; l < c.layers; ++l) all.push_back(l);
+  const policy_spec per_head = parse_policy("scissorhands");
+  for (const char* gran : {"head", "heads-mean", "heads-max", "layers-mean", "layers-max", "layers-mean-max",
+                           "layers-max-mean"}) {
+    INFO(gran);
+    const policy_spec spec = parse_policy(std::string("scissorhands:gran=") + gran);
+    const bool layers = spec.granularity.kind == sh::granularity_kind::shared_layers;
+    // Decode: the cache never holds more than B; shared slots after every step.
+    engine e(m, static_cast<std::int32_t>(text.size()));
+    e.set_policy(&spec, budgets);
+    CHECK(e.compressor()->model_wide() == layers);
+    bool shared = true, within = true;
+    for (std::size_t t = 0; t + 1 < text.size(); ++t) {
+      e.step(text[t]);
+      for (std::int32_t l = 0; l < c.layers; ++l) {
+        within = within && e.length(l) <= B;
+        if (!spec.granularity.per_head()) shared = shared && same_tokens(e, {l});
+      }
+      if (layers) shared = shared && same_tokens(e, all);
+    }
+    CHECK(within);
+    CHECK(shared);
+    CHECK(e.length(0) == B - 1);  // compressed at B to B - m: the last step evicted
+    if (spec.granularity.per_head()) {
+      // gran=head is the default policy, step for step.
+      engine a(m, static_cast<std::int32_t>(text.size())), b(m, static_cast<std::int32_t>(text.size()));
+      a.set_policy(&spec, budgets);
+      b.set_policy(&per_head, budgets);
+      CHECK(step_logits(a, text, 0) == step_logits(b, text, 0));
+      // Per head, the heads of a layer part ways.
+      CHECK_FALSE(same_tokens(e, {c.layers - 1}));
+    }
+    // Prefill: every layer keeps exactly B of the P prompt tokens.
+    const std::int32_t P = 60;
+    engine p(m, static_cast<std::int32_t>(text.size()));
+    p.set_policy(&spec, budgets, observe_source::probabilities, prefill_plan{P, 0});
+    p.prefill(text.data(), P);
+    for (std::int32_t l = 0; l < c.layers; ++l) {
+      CHECK(p.length(l) == B);
+      if (!spec.granularity.per_head()) CHECK(same_tokens(p, {l}));
+    }
+    if (layers) CHECK(same_tokens(p, all));
+    for (std::size_t t = static_cast<std::size_t>(P); t + 1 < text.size(); ++t) p.step(text[t]);
+    CHECK(p.length(0) == B + static_cast<std::int32_t>(text.size()) - 1 - P);
+  }
+}
+
 TEST_CASE("protocol and budget specs parse and resolve, with messages naming the option", "[protocol]") {
   CHECK(parse_protocol("decode").type == protocol::kind::decode);
   const protocol p = parse_protocol("prefill:50%:16");
