@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA backend, in one go (about 5-8 minutes on an
-# H200 with 16 cores): build the CUDA test and benchmark binaries for the
-# local GPU, run the differential / error / shrink_page_table / graph
-# suite, compute-sanitizer memcheck and racecheck on a small run, and the
+# H200 with 16 cores): build the CUDA test binaries (per-head and
+# token-level) and the benchmark binary for the local GPU, run the
+# differential / error / shrink_page_table / graph suite and the
+# token-level suite (shared_heads compress, select, compact, forget),
+# compute-sanitizer memcheck and racecheck on small runs of both, and the
 # benchmarks. Everything lands in OUT_DIR; the exit status is non-zero if
 # any stage failed.
 #
 #   scripts/gpu_check.sh OUT_DIR [BUILD_DIR]
 #
 # Builds with nvcc directly (no CMake): the test tree's CMake wants Catch2,
-# which a bare GPU machine may lack, and two translation units need nothing
+# which a bare GPU machine may lack, and the translation units need nothing
 # else. Knobs (environment): CONFIGS (differential configurations, default
-# 1200), SANITIZE_CONFIGS (default 12), ARCH (e.g. 90; default: the GPU's),
+# 1200), TL_CONFIGS (token-level configurations, default 400),
+# SANITIZE_CONFIGS (default 12), ARCH (e.g. 90; default: the GPU's),
 # SCISSORHANDS_BENCH_ITERATIONS (default 200), BENCH_FILTER (a
 # --benchmark_filter regex), SKIP_SANITIZER=1, SKIP_BENCH=1.
 #
-# Outputs: device.txt, build-*.log, test.log, memcheck.log, racecheck.log,
-# bench.txt, bench.json, summary.md (the figures bench/RESULTS.md wants),
-# status.txt (one line per stage).
+# Outputs: device.txt, build-*.log, test.log, token-level.log,
+# memcheck.log, racecheck.log, memcheck-token-level.log,
+# racecheck-token-level.log, bench.txt, bench.json, summary.md (the figures
+# bench/RESULTS.md wants), status.txt (one line per stage).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [BUILD_DIR]}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,11 +58,14 @@ command -v ccache >/dev/null && launcher=(ccache)
   nvidia-smi 2>&1
 } >"$out/device.txt"
 
-# --- build (both binaries in parallel) --------------------------------------
+# --- build (all binaries in parallel) ---------------------------------------
 flags=(-std=c++20 -O3 -arch="sm_$ARCH" -I"$root/include" -Xcompiler=-Wall,-Wextra -lineinfo)
 "${launcher[@]}" "$nvcc" "${flags[@]}" tests/cuda/differential.cu -o "$build/scissorhands_cuda_test" \
   >"$out/build-test.log" 2>&1 &
 test_pid=$!
+"${launcher[@]}" "$nvcc" "${flags[@]}" tests/cuda/token_level.cu -o "$build/scissorhands_cuda_token_level_test" \
+  >"$out/build-token-level.log" 2>&1 &
+tl_pid=$!
 bench_ok=1
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   "${launcher[@]}" "$nvcc" "${flags[@]}" bench/cuda/bench_cuda.cu -o "$build/scissorhands_cuda_bench" \
@@ -72,7 +79,11 @@ fi
 wait $test_pid
 rc=$?
 stage build-test $rc
+wait $tl_pid
+rc=$?
+stage build-token-level $rc
 test_bin="$build/scissorhands_cuda_test"
+tl_bin="$build/scissorhands_cuda_token_level_test"
 
 # --- tests --------------------------------------------------------------------
 if [ -x "$test_bin" ]; then
@@ -94,6 +105,25 @@ if [ -x "$test_bin" ]; then
       "$test_bin" --quick --configs "$n" --only differential,shrink >"$out/racecheck.log" 2>&1
     stage racecheck $?
     tail -3 "$out/racecheck.log"
+  fi
+fi
+
+# --- token-level tests ----------------------------------------------------------
+if [ -x "$tl_bin" ]; then
+  timeout 300 "$tl_bin" --configs "${TL_CONFIGS:-400}" 2>&1 | tee "$out/token-level.log"
+  rc=${PIPESTATUS[0]}
+  stage token-level $rc
+  if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ $rc -ne 77 ]; then
+    n=${SANITIZE_CONFIGS:-12}
+    # --quick: small configurations; errors and graph cover every check path.
+    timeout 240 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 99 \
+      "$tl_bin" --quick --configs "$n" >"$out/memcheck-token-level.log" 2>&1
+    stage memcheck-token-level $?
+    tail -3 "$out/memcheck-token-level.log"
+    timeout 240 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 99 \
+      "$tl_bin" --quick --configs "$n" --only differential >"$out/racecheck-token-level.log" 2>&1
+    stage racecheck-token-level $?
+    tail -3 "$out/racecheck-token-level.log"
   fi
 fi
 

@@ -34,6 +34,12 @@
 //     so lengths an engine mirrors on the host and its page pool stay
 //     consistent; a skipped sequence's cache was not compacted and its
 //     contents are void until its row is reset.
+//   * Token-level eviction (select.cuh): select reads every layer of a
+//     model_state and flags a sequence at fault in its row's word of every
+//     layer (so compact and forget skip it in every layer); it also skips a
+//     row flagged in any layer. Its selection gives such a sequence count 0,
+//     and new_lengths / freed_pages as for compress. compact and forget flag
+//     the row of the one layer they apply to.
 //   * Calls on one state must be ordered (one stream, or events): a call on
 //     another stream could set a word in the middle of a call.
 //

@@ -1,0 +1,1444 @@
+// Token-level eviction on the CUDA backend against the host backend (the
+// reference): compress at shared_heads, select + compact / forget at
+// shared_layers (policy/granularity.hpp).
+//
+//   differential  random configurations (fp32 / fp16; contiguous NHD, HND,
+//                 paged NHD, HND; four policies, among them the paper's
+//                 unimportant count (evicts_highest), H2O, a static one
+//                 (key norm) and a threshold + decay + GQA max one; mean /
+//                 max head and layer reductions; fill_holes and
+//                 preserve_order; pinned prefixes; state rows with padding
+//                 positions; compact and forget; sequences beyond the
+//                 selection's shared-memory tile), several steps each as an
+//                 engine runs them: append to every layer, observe every
+//                 layer, then compress every layer (shared_heads) or select
+//                 once and compact / forget every layer (shared_layers),
+//                 then apply the new lengths (the test removes forgotten
+//                 rows itself, keeping the order, as a slot-allocator
+//                 engine does). Compared bit for bit: the state after
+//                 observe, the selection (counts, slots, cache_slots,
+//                 new_lengths, freed_pages) or compress's outputs, and
+//                 after compaction every layer's state and kept K/V rows.
+//   errors        device checks (a fault in one sequence: its status bit
+//                 set, in every layer for select; the others equal to the
+//                 host's run without it; nothing of it written), batch-wide
+//                 and sticky conditions, shared pages (refused where
+//                 written, accepted where pinned), and host-side argument
+//                 refusals (invalid_argument, nothing launched).
+//   graph         select + compact of every layer captured in a CUDA graph
+//                 and replayed, against the host.
+//
+// Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
+//                                           [--only differential,errors,graph] [--quick]
+// Exit status: 0 all passed, 1 a failure, 77 no CUDA device.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "harness.cuh"
+
+namespace {
+
+using namespace harness;
+namespace sh = scissorhands;
+constexpr auto host_space = sh::memory_space::host;
+constexpr auto device_space = sh::memory_space::device;
+
+// ---------------------------------------------------------------------------
+// Policies and granularities under test
+using base_scissorhands = sh::scissorhands_policy;  // unimportant count: evicts its highest scores
+using base_h2o = sh::h2o_policy;
+using base_key_norm = sh::key_norm_policy;  // static
+using base_threshold = sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>;
+constexpr int num_policies = 4;
+const char* const policy_names[num_policies] = {"scissorhands", "h2o", "key_norm", "threshold+decay+max"};
+
+using g_heads_mean = sh::shared_heads<sh::mean_score>;
+using g_heads_max = sh::shared_heads<sh::max_score>;
+using g_layers_mean = sh::shared_layers<sh::mean_score, sh::mean_score>;
+using g_layers_max_mean = sh::shared_layers<sh::max_score, sh::mean_score>;
+using g_layers_mean_max = sh::shared_layers<sh::mean_score, sh::max_score>;
+constexpr int num_granularities = 5;
+const char* const granularity_names[num_granularities] = {"shared_heads<mean>", "shared_heads<max>",
+                                                          "shared_layers<mean,mean>", "shared_layers<max,mean>",
+                                                          "shared_layers<mean,max>"};
+
+template <class X>
+bool same_bits(const X& a, const X& b) {
+  return std::memcmp(&a, &b, sizeof(X)) == 0;
+}
+template <class T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> options) {
+  std::uniform_int_distribution<std::size_t> d(0, options.size() - 1);
+  return *(options.begin() + d(rng));
+}
+int uniform(std::mt19937_64& rng, int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+bool coin(std::mt19937_64& rng, double p = 0.5) { return std::bernoulli_distribution(p)(rng); }
+
+// ---------------------------------------------------------------------------
+struct config {
+  int index = 0;
+  int dtype = 0;   // 0 fp32, 1 fp16
+  int layout = 0;  // 0 NHD, 1 HND, 2 paged NHD, 3 paged HND
+  int policy = 0, granularity = 0;
+  bool forget = false;  // shared_layers: forget instead of compact
+  int batch = 1, layers = 1, kv_heads = 1, group = 1, head_dim = 8;
+  int capacity = 16, page_size = 4, budget = 8, m = 1, recent = 0, sinks = 0, window = 8, steps = 3;
+  int stride_extra = 0;
+  float alpha = 1.0f, decay = 0.9f;
+  bool normalize = false, preserve_order = false, ties = false, pinned = false, mapped = false;
+  bool cache_slots = true, freed_for_contiguous = false, tight_state = false;
+  std::uint32_t seed = 0;
+
+  std::string describe() const {
+    static const char* dtypes[] = {"fp32", "fp16"};
+    static const char* layouts[] = {"NHD", "HND", "paged-NHD", "paged-HND"};
+    char buf[640];
+    std::snprintf(buf, sizeof buf,
+                  "config %d: %s %s %s %s%s, batch %d%s, layers %d, kv_heads %d, group %d, head_dim %d, "
+                  "capacity %d%s, page %d, budget %d, m %d, recent %d, sinks %d, window %d, alpha %g, decay %g, "
+                  "normalize %d, %s, ties %d, pinned %d, cache_slots %d, stride +%d, steps %d, seed %u",
+                  index, dtypes[dtype], layouts[layout], policy_names[policy], granularity_names[granularity],
+                  granularity >= 2 ? (forget ? " via forget" : " via compact") : "", batch,
+                  mapped ? " (state rows)" : "", layers, kv_heads, group, head_dim, capacity,
+                  tight_state ? " (tight state)" : "", page_size, budget, m, recent, sinks, window, alpha, decay,
+                  normalize, preserve_order ? "preserve_order" : "fill_holes", ties, pinned, cache_slots,
+                  stride_extra, steps, seed);
+    return buf;
+  }
+};
+
+config make_config(std::mt19937_64& rng, int index, bool quick) {
+  config c;
+  c.index = index;
+  c.dtype = uniform(rng, 0, 1);
+  c.layout = uniform(rng, 0, 3);
+  c.policy = uniform(rng, 0, num_policies - 1);
+  c.granularity = uniform(rng, 0, num_granularities - 1);
+  c.forget = coin(rng, 0.35);
+  // One in 16 has a sequence longer than the selection's shared-memory tile.
+  const bool long_seq = !quick && index % 16 == 7;
+  c.batch = long_seq ? 1 : uniform(rng, 1, 5);
+  c.layers = long_seq ? 2 : uniform(rng, 1, 4);
+  c.kv_heads = long_seq ? 1 : uniform(rng, 1, 3);
+  c.group = pick(rng, {1, 2, 4});
+  c.head_dim = long_seq ? 8 : pick(rng, {8, 16, 64, 128, 5, 12});
+  c.recent = uniform(rng, 0, 6);
+  c.sinks = coin(rng, 0.3) ? uniform(rng, 1, 3) : 0;
+  const int protect = c.recent + c.sinks;
+  c.budget = long_seq ? uniform(rng, 4200, 5200) : protect + uniform(rng, 1, quick ? 20 : 48);
+  c.m = coin(rng, 0.4) ? 1 : uniform(rng, 1, c.budget - protect);
+  c.capacity = c.budget + (long_seq ? uniform(rng, 200, 900) : uniform(rng, 3, 30));
+  c.page_size = pick(rng, {1, 2, 4, 5, 16});
+  c.window = pick(rng, {1, 3, 8, 33});
+  c.alpha = pick(rng, {0.5f, 1.0f, 2.0f});
+  c.decay = pick(rng, {0.5f, 0.9f, 1.0f});
+  c.normalize = coin(rng, 0.4);
+  c.preserve_order = coin(rng);
+  c.ties = coin(rng, 0.3);
+  c.pinned = coin(rng, 0.5);
+  c.mapped = coin(rng, 0.4);
+  c.cache_slots = coin(rng, 0.7);
+  c.freed_for_contiguous = coin(rng);
+  c.tight_state = coin(rng, 0.3);
+  c.stride_extra = uniform(rng, 0, 2);
+  c.steps = long_seq ? 2 : uniform(rng, 2, 6);
+  c.seed = static_cast<std::uint32_t>(rng());
+  return c;
+}
+
+// A state row to compare and how many slots of it.
+struct row_slots {
+  int row = 0, slots = 0;
+};
+
+// Every layer's listed rows: counters, and per head the first `slots`
+// slots' position, score, observed count and ring words, bit for bit.
+bool compare_model(const char* when, const sh::model_state<host_space>& h, const sh::model_state<host_space>& d,
+                   const std::vector<row_slots>& rows, mismatch_log& log) {
+  for (int l = 0; l < h.layers; ++l) {
+    const auto hs = h.layer(l), ds = d.layer(l);
+    for (const row_slots& rs : rows) {
+      const int r = rs.row;
+      if (hs.step[r] != ds.step[r]) log.add(when, ": layer ", l, " step[", r, "] host ", hs.step[r], " device ", ds.step[r]);
+      if (hs.next_position[r] != ds.next_position[r])
+        log.add(when, ": layer ", l, " next_position[", r, "] host ", hs.next_position[r], " device ",
+                ds.next_position[r]);
+      if (hs.tracked[r] != ds.tracked[r])
+        log.add(when, ": layer ", l, " tracked[", r, "] host ", hs.tracked[r], " device ", ds.tracked[r]);
+      for (int head = 0; head < hs.shape.kv_heads; ++head)
+        for (int t = 0; t < rs.slots; ++t) {
+          const std::int64_t i = hs.row_index(r, head, t);
+          if (hs.positions[i] != ds.positions[i])
+            log.add(when, ": layer ", l, " position (row ", r, ",", head, ",", t, ") host ", hs.positions[i],
+                    " device ", ds.positions[i]);
+          if (!same_bits(hs.scores[i], ds.scores[i]))
+            log.add(when, ": layer ", l, " score (row ", r, ",", head, ",", t, ") host ", hs.scores[i], " device ",
+                    ds.scores[i]);
+          if (!same_bits(hs.observed[i], ds.observed[i]))
+            log.add(when, ": layer ", l, " observed (row ", r, ",", head, ",", t, ") host ", hs.observed[i],
+                    " device ", ds.observed[i]);
+          for (int w = 0; w < hs.shape.ring_words; ++w)
+            if (hs.ring_of(i)[w] != ds.ring_of(i)[w])
+              log.add(when, ": layer ", l, " ring word ", w, " of (row ", r, ",", head, ",", t, ") differs");
+        }
+    }
+  }
+  return log.ok();
+}
+
+bool status_clear(const char* when, const sh::model_state<host_space>& d, mismatch_log& log) {
+  for (int l = 0; l < d.layers; ++l) {
+    const auto s = d.layer(l);
+    for (int r = 0; r < s.shape.rows; ++r)
+      if (s.status[r] != 0)
+        log.add(when, ": layer ", l, " status word of row ", r, " is ", s.status[r], " (",
+                sh::cuda::describe_status(s.status[r]), ")");
+  }
+  return log.ok();
+}
+
+template <class T>
+void fill_random(std::vector<T>& v, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (auto& x : v) x = from_float<T>(d(rng));
+}
+
+// ---------------------------------------------------------------------------
+// One configuration
+
+template <class T, class Policy, bool Paged>
+bool run_case(const config& c, mismatch_log& log) {
+  using G = typename Policy::granularity;
+  constexpr bool over_layers = G::kind == sh::granularity_kind::shared_layers;
+  constexpr bool attention = Policy::observation::needs_attention;
+  Policy policy;
+  sh::settings& s = policy.config;
+  s.window = c.window;
+  s.recent = c.recent;
+  s.sinks = c.sinks;
+  s.evict_count = c.m;
+  s.alpha = c.alpha;
+  s.decay = c.decay;
+  s.normalize = c.normalize;
+  s.compaction_mode = c.preserve_order ? sh::compaction::preserve_order : sh::compaction::fill_holes;
+  s.seed = c.seed;
+  std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 29);
+
+  const int B = c.batch, L = c.layers, H = c.kv_heads, D = c.head_dim, QH = H * c.group, P = c.page_size;
+  const int max_pages = Paged ? (c.capacity + P - 1) / P : 0;
+  const int num_pages = Paged ? B * max_pages + 3 : 0;
+  const int cap = Paged ? max_pages * P : c.capacity;
+  const bool hnd = c.layout % 2 == 1;
+  const std::size_t elements = Paged ? static_cast<std::size_t>(num_pages) * P * H * D
+                                     : static_cast<std::size_t>(B) * cap * H * D;  // per layer
+  const int state_cap = c.tight_state ? std::min(cap, c.budget + 2 + uniform(rng, 0, 6)) : cap;
+  const int most = std::min(c.capacity, state_cap);
+  const int protect = c.recent + c.sinks;
+
+  std::vector<T> hk(elements * L), hv(elements * L);
+  fill_random(hk, rng, -2.0f, 2.0f);
+  fill_random(hv, rng, -2.0f, 2.0f);
+  device_buffer<T> dk(hk.size()), dv(hv.size());
+
+  // Requests keep their state row and pages; the scheduler places them.
+  const int live = c.mapped ? uniform(rng, 1, B) : B;
+  const int rows = c.mapped ? live + uniform(rng, 0, 2) : B + (coin(rng, 0.3) ? 1 : 0);
+  std::vector<int> row_of(live), pos_of(live), len(live, 0);
+  std::vector<std::vector<std::int32_t>> pages(live);
+  for (int q = 0; q < live; ++q) row_of[q] = pos_of[q] = q;
+  if (c.mapped) {
+    std::vector<int> r(rows), p(B);
+    std::iota(r.begin(), r.end(), 0);
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(r.begin(), r.end(), rng);
+    std::shuffle(p.begin(), p.end(), rng);
+    for (int q = 0; q < live; ++q) row_of[q] = r[q], pos_of[q] = p[q];
+  }
+  if constexpr (Paged) {
+    std::vector<std::int32_t> ids(num_pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int q = 0; q < live; ++q) pages[q].assign(ids.begin() + q * max_pages, ids.begin() + (q + 1) * max_pages);
+  }
+  auto at_position = [&] {
+    std::vector<int> who(B, -1);
+    for (int q = 0; q < live; ++q) who[pos_of[q]] = q;
+    return who;
+  };
+  auto len_at = [&](int b) {
+    const int q = at_position()[b];
+    return q < 0 ? 0 : len[q];
+  };
+
+  std::vector<std::int32_t> h_lengths(B), h_indptr(B + 1), h_indices(std::max(1, B * max_pages)), h_last(B), h_rows(B);
+  device_buffer<std::int32_t> d_lengths(B), d_indptr(B + 1), d_indices(h_indices.size()), d_last(B), d_rows(B);
+  auto sync_table = [&] {
+    const auto who = at_position();
+    for (int b = 0; b < B; ++b) h_rows[b] = who[b] < 0 ? -1 : row_of[who[b]];
+    d_rows.upload(h_rows);
+    if constexpr (Paged) {
+      h_indptr[0] = 0;
+      for (int b = 0; b < B; ++b) {
+        const int l = who[b] < 0 ? 0 : len[who[b]];
+        const int used = (l + P - 1) / P;
+        for (int i = 0; i < used; ++i) h_indices[h_indptr[b] + i] = pages[who[b]][i];
+        h_indptr[b + 1] = h_indptr[b] + used;
+        h_last[b] = used == 0 ? 0 : l - (used - 1) * P;
+      }
+      d_indptr.upload(h_indptr);
+      d_indices.upload(h_indices);
+      d_last.upload(h_last);
+    } else {
+      for (int b = 0; b < B; ++b) h_lengths[b] = who[b] < 0 ? 0 : len[who[b]];
+      d_lengths.upload(h_lengths);
+    }
+  };
+  auto host_view = [&](int l) {
+    const sh::host_span<T> k(hk.data() + elements * l, elements), v(hv.data() + elements * l, elements);
+    if constexpr (Paged)
+      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(h_indptr.data(), h_indptr.size()),
+                                    sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
+                                    sh::host_span<const std::int32_t>(h_last.data(), h_last.size()), B, H, D, P,
+                                    num_pages, max_pages, hnd);
+    else
+      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(h_lengths.data(), h_lengths.size()), B, H, D,
+                              cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+  };
+  auto device_view = [&](int l) {
+    const sh::device_span<T> k(dk.data() + elements * l, elements), v(dv.data() + elements * l, elements);
+    if constexpr (Paged)
+      return sh::make_paged_kv_view(k, v, sh::device_span<const std::int32_t>(d_indptr.data(), d_indptr.size()),
+                                    sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
+                                    sh::device_span<const std::int32_t>(d_last.data(), d_last.size()), B, H, D, P,
+                                    num_pages, max_pages, hnd);
+    else
+      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(d_lengths.data(), d_lengths.size()), B, H,
+                              D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+  };
+  sync_table();
+  const auto hview0 = host_view(0);
+  std::int64_t block = 0;  // one batch position's K (or V) elements, contiguous
+  if constexpr (!Paged) block = hview0.k_layout.sequence_stride;
+
+  // The model state (shared_heads: one layer state per layer, compressed on its own).
+  const sh::state_shape shape{rows, H, state_cap, policy.ring_words()};
+  const std::size_t model_bytes = sh::model_state_bytes(shape, L);
+  aligned_bytes h_model_buf(model_bytes), snapshot(model_bytes);
+  device_buffer<std::byte> d_model_buf(model_bytes);
+  const auto hm0 = sh::make_model_state(h_model_buf.span(), shape, L);
+  const auto dm0 = sh::make_model_state(d_model_buf.span(), shape, L);
+  const auto dsnap = sh::make_model_state(snapshot.span(), shape, L);
+  const auto hm = c.mapped ? hm0.for_batch(sh::host_span<const std::int32_t>(h_rows.data(), B)) : hm0;
+  const auto dm = c.mapped ? dm0.for_batch(sh::device_span<const std::int32_t>(d_rows.data(), B)) : dm0;
+  sh::host::reset_state(hm0);
+  CUDA_CHECK(sh::cuda::reset_state(dm0));
+
+  // Workspaces and the selection.
+  aligned_bytes h_ws(std::max(sh::host::select_workspace_bytes(hview0, shape),
+                              sh::host::compress_workspace_bytes(hview0, shape)));
+  aligned_bytes h_cws(sh::host::compact_workspace_bytes(hview0) + 1);
+  std::size_t d_ws_bytes = 0, d_cws_bytes = 0;
+  if constexpr (over_layers) {
+    CUDA_CHECK(sh::cuda::select(nullptr, d_ws_bytes, policy, device_view(0), dm, c.budget, {}));
+    CUDA_CHECK(sh::cuda::compact(nullptr, d_cws_bytes, policy, device_view(0), dm.layer(0), {}));
+  } else {
+    CUDA_CHECK(sh::cuda::compress(nullptr, d_ws_bytes, policy, device_view(0), dm.layer(0), c.budget, {}));
+  }
+  device_buffer<std::byte> d_ws(d_ws_bytes), d_cws(d_cws_bytes);
+  const int stride = sh::max_evictions(state_cap, c.budget, c.m) + c.stride_extra;
+  const std::size_t entries = std::max<std::size_t>(1, static_cast<std::size_t>(B) * stride);
+  std::vector<std::int32_t> h_counts(B), h_slots(entries), h_cache(entries), h_new(B), h_freed(B), h_pinned(B);
+  device_buffer<std::int32_t> d_counts(B), d_slots(entries), d_cache(entries), d_new(B), d_freed(B), d_pinned(B);
+  const bool with_freed = Paged || c.freed_for_contiguous;
+
+  auto download_model = [&] { d_model_buf.download(snapshot.data(), model_bytes); };
+  auto live_rows = [&](const std::vector<int>& slots) {
+    std::vector<row_slots> out;
+    for (int q = 0; q < live; ++q) out.push_back({row_of[q], slots[q]});
+    return out;
+  };
+
+  for (int step = 0; step < c.steps; ++step) {
+    // 0. A request finishes and a new one takes its row; the scheduler
+    //    reorders the batch (contiguous K/V move with their request).
+    if (step > 0 && coin(rng, 0.15)) {
+      const int q = uniform(rng, 0, live - 1), start = uniform(rng, 0, 1000);
+      sh::host::reset_sequence(hm0, row_of[q], start);
+      CUDA_CHECK(sh::cuda::reset_sequence(dm0, row_of[q], start));
+      len[q] = 0;
+    }
+    if (c.mapped && step > 0 && coin(rng, 0.5)) {
+      std::vector<int> p(B);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng);
+      if constexpr (!Paged) {
+        const std::vector<T> k_old = hk, v_old = hv;
+        for (int l = 0; l < L; ++l)
+          for (int q = 0; q < live; ++q) {
+            const std::size_t from = elements * l + pos_of[q] * block, to = elements * l + p[q] * block;
+            std::copy_n(k_old.begin() + from, block, hk.begin() + to);
+            std::copy_n(v_old.begin() + from, block, hv.begin() + to);
+          }
+      }
+      for (int q = 0; q < live; ++q) pos_of[q] = p[q];
+    }
+    // 1. The engine appends tokens to every layer.
+    for (int q = 0; q < live; ++q) {
+      int add = step == 0 ? uniform(rng, 0, most) : uniform(rng, 0, 3);
+      if (step == 0 && coin(rng, 0.8)) add = std::max(add, 1);
+      add = std::min(add, most - len[q]);
+      len[q] += add;
+    }
+    sync_table();
+    {
+      std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+      const auto who = at_position();
+      for (int l = 0; l < L; ++l) {
+        const auto hvw = host_view(l);
+        for (int b = 0; b < B; ++b) {
+          if (who[b] < 0) continue;
+          // New rows since the state last tracked them: rewrite every row
+          // past the host's tracked count (the others are the state's).
+          const int first = hm.layer(l).tracked[h_rows[b]];
+          for (int t = first; t < len_at(b); ++t)
+            for (int h = 0; h < H; ++h) {
+              T* k = hvw.k_row(b, h, t);
+              T* v = hvw.v_row(b, h, t);
+              for (int x = 0; x < D; ++x) k[x] = from_float<T>(d(rng)), v[x] = from_float<T>(d(rng));
+            }
+        }
+      }
+    }
+    dk.upload(hk);
+    dv.upload(hv);
+    const std::vector<int> observed_len = len;
+
+    // 2. Observe every layer, each with its own probabilities.
+    int min_len = std::numeric_limits<int>::max(), max_len = 1;
+    for (int b = 0; b < B; ++b) {
+      const int l = len_at(b);
+      if (l > 0) min_len = std::min(min_len, l);
+      max_len = std::max(max_len, l);
+    }
+    const int q_len = min_len == std::numeric_limits<int>::max() ? 0 : (min_len >= 2 && coin(rng, 0.3) ? 2 : 1);
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> probs(std::max<std::size_t>(1, static_cast<std::size_t>(B) * QH * std::max(q_len, 1) * max_len),
+                               std::numeric_limits<float>::quiet_NaN());
+      const auto hp = sh::probability_view<host_space>::dense({probs.data(), probs.size()}, QH, q_len, max_len);
+      if constexpr (attention) {
+        std::normal_distribution<float> logit(0.0f, 2.0f);
+        for (int b = 0; b < B; ++b) {
+          const int n = len_at(b);
+          if (n == 0) continue;
+          for (int qh = 0; qh < QH; ++qh)
+            for (int j = 0; j < q_len; ++j) {
+              float* row = probs.data() + (static_cast<std::size_t>(b) * QH * q_len + qh * q_len + j) * max_len;
+              const int visible = n - q_len + j + 1;
+              float total = 0.0f;
+              for (int t = 0; t < visible; ++t) total += (row[t] = std::exp(logit(rng)));
+              for (int t = 0; t < visible; ++t) {
+                row[t] /= total;
+                if (c.ties) row[t] = std::round(row[t] * 16.0f) / 16.0f;
+              }
+            }
+        }
+      }
+      device_buffer<float> d_probs(probs.size());
+      d_probs.upload(probs);
+      const auto dp = sh::probability_view<device_space>::dense({d_probs.data(), d_probs.size()}, QH, q_len, max_len);
+      sh::host::observe_probabilities(policy, host_view(l), hm.layer(l), hp);
+      CUDA_CHECK(sh::cuda::observe_probabilities(policy, device_view(l), dm.layer(l), dp));
+      CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    download_model();
+    if (!status_clear("observe", dsnap, log)) return false;
+    if (!compare_model("after observe", hm0, dsnap, live_rows(observed_len), log)) return false;
+
+    // 3. Evict.
+    std::fill(h_new.begin(), h_new.end(), -7);
+    std::fill(h_freed.begin(), h_freed.end(), -7);
+    d_new.upload(h_new);
+    d_freed.upload(h_freed);
+    const sh::compress_output<host_space> h_out{sh::host_span<std::int32_t>(h_new.data(), B),
+                                                with_freed ? sh::host_span<std::int32_t>(h_freed.data(), B)
+                                                           : sh::host_span<std::int32_t>{}};
+    const sh::compress_output<device_space> d_out{d_new.span(), with_freed ? d_freed.span()
+                                                                           : sh::device_span<std::int32_t>{}};
+    if constexpr (!over_layers) {
+      for (int l = 0; l < L; ++l) {
+        sh::host::compress(policy, host_view(l), hm.layer(l), c.budget, h_ws.span(), h_out);
+        CUDA_CHECK(sh::cuda::compress(d_ws.data(), d_ws_bytes, policy, device_view(l), dm.layer(l), c.budget, d_out));
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+    } else {
+      // Pinned prefixes that leave enough free tokens (the test's choice).
+      for (int b = 0; b < B; ++b) {
+        const int n = len_at(b);
+        h_pinned[b] = !c.pinned ? 0
+                      : n >= c.budget ? uniform(rng, 0, std::max(0, c.budget - c.m - protect))
+                      : n == 0        ? uniform(rng, 0, 2)
+                                      : uniform(rng, 0, n);
+      }
+      d_pinned.upload(h_pinned);
+      std::fill(h_counts.begin(), h_counts.end(), -7);
+      d_counts.upload(h_counts);
+      const sh::host_span<const std::int32_t> hpin =
+          c.pinned ? sh::host_span<const std::int32_t>(h_pinned.data(), B) : sh::host_span<const std::int32_t>{};
+      const sh::device_span<const std::int32_t> dpin =
+          c.pinned ? sh::device_span<const std::int32_t>(d_pinned.data(), B) : sh::device_span<const std::int32_t>{};
+      const std::size_t used = static_cast<std::size_t>(B) * stride;
+      sh::eviction_selection<host_space> hsel{stride, {h_counts.data(), static_cast<std::size_t>(B)},
+                                              {h_slots.data(), used},
+                                              c.cache_slots ? sh::host_span<std::int32_t>(h_cache.data(), used)
+                                                            : sh::host_span<std::int32_t>{},
+                                              h_out};
+      sh::eviction_selection<device_space> dsel{stride, {d_counts.data(), static_cast<std::size_t>(B)},
+                                                {d_slots.data(), used},
+                                                c.cache_slots ? sh::device_span<std::int32_t>(d_cache.data(), used)
+                                                              : sh::device_span<std::int32_t>{},
+                                                d_out};
+      sh::host::select(policy, host_view(0), hm, c.budget, h_ws.span(), hsel, hpin);
+      CUDA_CHECK(sh::cuda::select(d_ws.data(), d_ws_bytes, policy, device_view(0), dm, c.budget, dsel, dpin));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      {
+        download_model();
+        if (!status_clear("select", dsnap, log)) return false;
+        const auto dc = d_counts.download(), ds = d_slots.download(), dcs = d_cache.download();
+        for (int b = 0; b < B; ++b) {
+          if (dc[b] != h_counts[b]) {
+            log.add("select: counts[", b, "] host ", h_counts[b], " device ", dc[b]);
+            continue;
+          }
+          for (int k = 0; k < h_counts[b]; ++k) {
+            const std::size_t i = static_cast<std::size_t>(b) * stride + k;
+            if (ds[i] != h_slots[i]) log.add("select: slots[", b, "][", k, "] host ", h_slots[i], " device ", ds[i]);
+            if (c.cache_slots && dcs[i] != h_cache[i])
+              log.add("select: cache_slots[", b, "][", k, "] host ", h_cache[i], " device ", dcs[i]);
+          }
+        }
+        if (!log.ok()) return false;
+      }
+      // Apply to every layer: compact, or forget (and the test removes the
+      // rows itself, in order, as a slot-allocator engine does).
+      for (int l = 0; l < L; ++l) {
+        if (c.forget) {
+          sh::host::forget(policy, host_view(l), hm.layer(l), hsel);
+          CUDA_CHECK(sh::cuda::forget(policy, device_view(l), dm.layer(l), dsel));
+        } else {
+          sh::host::compact(policy, host_view(l), hm.layer(l), hsel, h_cws.span());
+          CUDA_CHECK(sh::cuda::compact(d_cws.data(), d_cws_bytes, policy, device_view(l), dm.layer(l), dsel));
+        }
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      if (c.forget) {
+        for (int l = 0; l < L; ++l) {
+          const auto hvw = host_view(l);
+          for (int b = 0; b < B; ++b) {
+            const int count = h_counts[b];
+            if (count == 0) continue;
+            const std::int32_t* list = h_slots.data() + static_cast<std::size_t>(b) * stride;
+            for (int h = 0; h < H; ++h) {
+              int to = list[0], k = 0;
+              for (int from = list[0]; from < len_at(b); ++from) {
+                if (k < count && list[k] == from) {
+                  ++k;
+                  continue;
+                }
+                std::memmove(static_cast<void*>(hvw.k_row(b, h, to)),
+                             static_cast<const void*>(hvw.k_row(b, h, from)), sizeof(T) * D);
+                std::memmove(static_cast<void*>(hvw.v_row(b, h, to)),
+                             static_cast<const void*>(hvw.v_row(b, h, from)), sizeof(T) * D);
+                ++to;
+              }
+            }
+          }
+        }
+        dk.upload(hk);
+        dv.upload(hv);
+      }
+    }
+    // 4. Outputs, state and kept rows.
+    download_model();
+    const char* what = over_layers ? (c.forget ? "forget" : "compact") : "compress";
+    if (!status_clear(what, dsnap, log)) return false;
+    {
+      const auto dn = d_new.download(), df = d_freed.download();
+      for (int b = 0; b < B; ++b) {
+        if (dn[b] != h_new[b]) log.add(what, ": new_lengths[", b, "] host ", h_new[b], " device ", dn[b]);
+        if (h_new[b] != sh::length_after_compress(len_at(b), c.budget, c.m))
+          log.add(what, ": new_lengths[", b, "] ", h_new[b], " is not length_after_compress");
+        if (with_freed && df[b] != h_freed[b]) log.add(what, ": freed_pages[", b, "] host ", h_freed[b], " device ", df[b]);
+      }
+      if (!log.ok()) return false;
+    }
+    std::vector<int> kept_len(live);
+    const auto who = at_position();
+    for (int b = 0; b < B; ++b)
+      if (who[b] >= 0) kept_len[who[b]] = h_new[b];
+    if (!compare_model("after eviction", hm0, dsnap, live_rows(kept_len), log)) return false;
+    const auto dev_k = dk.download(), dev_v = dv.download();
+    for (int l = 0; l < L; ++l) {
+      const auto hvw = host_view(l);
+      for (int q = 0; q < live; ++q)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < kept_len[q]; ++t) {
+            const int b = pos_of[q];
+            const std::size_t ko = static_cast<std::size_t>(hvw.k_row(b, h, t) - hk.data());
+            const std::size_t vo = static_cast<std::size_t>(hvw.v_row(b, h, t) - hv.data());
+            if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0)
+              log.add(what, ": layer ", l, " K row (request ", q, " at ", b, ",", h, ",", t, ") differs");
+            if (std::memcmp(&hv[vo], &dev_v[vo], sizeof(T) * D) != 0)
+              log.add(what, ": layer ", l, " V row (request ", q, " at ", b, ",", h, ",", t, ") differs");
+          }
+    }
+    if (!log.ok()) return false;
+    // 5. The engine applies the new lengths (the next step's table).
+    len = kept_len;
+  }
+  return true;
+}
+
+template <class T, class Base, class G>
+bool run_layout(const config& c, mismatch_log& log) {
+  using P = sh::with_granularity<Base, G>;
+  return c.layout >= 2 ? run_case<T, P, true>(c, log) : run_case<T, P, false>(c, log);
+}
+
+template <class T, class Base>
+bool run_granularity(const config& c, mismatch_log& log) {
+  switch (c.granularity) {
+    case 0: return run_layout<T, Base, g_heads_mean>(c, log);
+    case 1: return run_layout<T, Base, g_heads_max>(c, log);
+    case 2: return run_layout<T, Base, g_layers_mean>(c, log);
+    case 3: return run_layout<T, Base, g_layers_max_mean>(c, log);
+    default: return run_layout<T, Base, g_layers_mean_max>(c, log);
+  }
+}
+
+template <class T>
+bool run_typed(const config& c, mismatch_log& log) {
+  switch (c.policy) {
+    case 0: return run_granularity<T, base_scissorhands>(c, log);
+    case 1: return run_granularity<T, base_h2o>(c, log);
+    case 2: return run_granularity<T, base_key_norm>(c, log);
+    default: return run_granularity<T, base_threshold>(c, log);
+  }
+}
+
+bool run_config(const config& c, mismatch_log& log) {
+  try {
+    return c.dtype == 0 ? run_typed<float>(c, log) : run_typed<__half>(c, log);
+  } catch (const std::exception& e) {
+    log.add("unexpected exception: ", e.what());
+    return false;
+  }
+}
+
+int run_differential(int configs, std::uint64_t seed, bool quick) {
+  std::mt19937_64 rng(seed);
+  int failed = 0;
+  int by_granularity[num_granularities] = {}, by_layout[4] = {}, forgets = 0, pinned = 0, mapped = 0;
+  for (int i = 0; i < configs; ++i) {
+    const config c = make_config(rng, i, quick);
+    mismatch_log log;
+    if (!run_config(c, log)) {
+      if (++failed <= 10) std::printf("FAIL %s\n%s", c.describe().c_str(), log.text.str().c_str());
+    }
+    ++by_granularity[c.granularity];
+    ++by_layout[c.layout];
+    forgets += c.granularity >= 2 && c.forget;
+    pinned += c.granularity >= 2 && c.pinned;
+    mapped += c.mapped;
+  }
+  std::printf("token-level differential: %d of %d configurations passed (shared_heads mean %d, max %d; "
+              "shared_layers mean/mean %d, max/mean %d, mean/max %d; via forget %d, pinned %d; layouts NHD %d, "
+              "HND %d, paged NHD %d, paged HND %d; state rows %d)\n",
+              configs - failed, configs, by_granularity[0], by_granularity[1], by_granularity[2], by_granularity[3],
+              by_granularity[4], forgets, pinned, by_layout[0], by_layout[1], by_layout[2], by_layout[3], mapped);
+  return failed;
+}
+
+// ---------------------------------------------------------------------------
+// Device checks: a small model (two layers, two heads) with three sequences
+// at batch positions 0..2 in state rows {2, 0, 3} of four, lengths
+// {12, 25, 22} (two at the budget), every layer observed once. A fault is
+// put into one sequence's device data; the host runs the same call with
+// that sequence as a padding slot (row -1, no token), which is what the
+// device must do: skip it and leave it untouched, and give the others
+// exactly the host's result.
+template <bool Paged, class Policy = sh::with_granularity<sh::scissorhands_policy, g_layers_mean>>
+struct fixture {
+  using policy_t = Policy;
+  static constexpr int B = 3, rows = 4, L = 2, H = 2, D = 8, cap = 32, budget = 20, m = 2, P = 4;
+  static constexpr int max_pages = cap / P, num_pages = B * max_pages + 4;
+  static constexpr std::size_t elements =
+      Paged ? std::size_t{num_pages} * P * H * D : std::size_t{B} * cap * H * D;  // per layer
+  policy_t policy;
+  sh::state_shape shape{};
+  int stride = 0;
+  std::vector<std::int32_t> lengths{12, 25, 22}, map{2, 0, 3};
+  std::vector<std::vector<std::int32_t>> pages;
+  std::vector<float> hk, hv;
+  device_buffer<float> dk, dv;
+  // The device's table (all sequences) and the host's (one may be padding).
+  std::vector<std::int32_t> t_len, t_indptr, t_indices, t_last;
+  device_buffer<std::int32_t> d_len, d_indptr, d_indices, d_last, d_map;
+  std::vector<std::int32_t> h_len, h_indptr, h_indices, h_last, h_map;
+  aligned_bytes h_model_buf;
+  device_buffer<std::byte> d_model_buf;
+  sh::model_state<host_space> hm0;
+  sh::model_state<device_space> dm0;
+  std::vector<std::int32_t> h_counts, h_slots, h_cache, h_new, h_freed;
+  device_buffer<std::int32_t> d_counts, d_slots, d_cache, d_new, d_freed, d_pinned;
+  aligned_bytes h_ws{1}, h_cws{1};
+  device_buffer<std::byte> d_ws, d_cws;
+  std::size_t ws_bytes = 0, cws_bytes = 0;
+  bool observed_ok = true;
+
+  static policy_t make_policy() {
+    policy_t p;
+    p.config.window = 8;
+    p.config.recent = 2;
+    p.config.evict_count = m;
+    p.config.normalize = true;
+    return p;
+  }
+  fixture()
+      : policy(make_policy()),
+        shape{rows, H, cap, make_policy().ring_words()},
+        stride(sh::max_evictions(cap, budget, m)),
+        dk(elements * L),
+        dv(elements * L),
+        d_len(B),
+        d_indptr(B + 1),
+        d_indices(B * max_pages),
+        d_last(B),
+        d_map(B),
+        h_model_buf(sh::model_state_bytes(shape_of(), L)),
+        d_model_buf(sh::model_state_bytes(shape_of(), L)),
+        h_counts(B, 0),
+        h_slots(B * stride_of(), 0),
+        h_cache(B * stride_of(), 0),
+        h_new(B, -7),
+        h_freed(B, -7),
+        d_counts(B),
+        d_slots(B * stride_of()),
+        d_cache(B * stride_of()),
+        d_new(B),
+        d_freed(B),
+        d_pinned(B) {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    hk.resize(dk.size());
+    hv.resize(dv.size());
+    for (auto& x : hk) x = u(rng);
+    for (auto& x : hv) x = u(rng);
+    dk.upload(hk);
+    dv.upload(hv);
+    std::vector<std::int32_t> ids(num_pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    pages.resize(B);
+    for (int b = 0; b < B; ++b) pages[b].assign(ids.begin() + b * max_pages, ids.begin() + (b + 1) * max_pages);
+    upload_table();
+    build_host_table(-1);
+    hm0 = sh::make_model_state(h_model_buf.span(), shape, L);
+    dm0 = sh::make_model_state(d_model_buf.span(), shape, L);
+    sh::host::reset_state(hm0);
+    CUDA_CHECK(sh::cuda::reset_state(dm0));
+    h_ws = aligned_bytes(std::max(sh::host::select_workspace_bytes(host_view(0), shape),
+                                  sh::host::compress_workspace_bytes(host_view(0), shape)));
+    h_cws = aligned_bytes(sh::host::compact_workspace_bytes(host_view(0)) + 1);
+    if constexpr (sh::granularity_of<policy_t> == sh::granularity_kind::shared_layers) {
+      CUDA_CHECK(sh::cuda::select(nullptr, ws_bytes, policy, device_view(0), device_model(), budget, {}));
+      CUDA_CHECK(sh::cuda::compact(nullptr, cws_bytes, policy, device_view(0), device_model().layer(0), {}));
+    } else {
+      CUDA_CHECK(sh::cuda::compress(nullptr, ws_bytes, policy, device_view(0), device_model().layer(0), budget, {}));
+    }
+    d_ws = device_buffer<std::byte>(ws_bytes);
+    d_cws = device_buffer<std::byte>(std::max<std::size_t>(cws_bytes, 1));
+    // Observe every layer once (admits every token).
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> probs(static_cast<std::size_t>(B) * H * cap, 0.0f);
+      for (int b = 0; b < B; ++b)
+        for (int qh = 0; qh < H; ++qh) {
+          float* row = probs.data() + (static_cast<std::size_t>(b) * H + qh) * cap;
+          float total = 0.0f;
+          for (int t = 0; t < lengths[b]; ++t) total += (row[t] = std::exp(2.0f * u(rng)));
+          for (int t = 0; t < lengths[b]; ++t) row[t] /= total;
+        }
+      device_buffer<float> d_probs(probs.size());
+      d_probs.upload(probs);
+      build_host_table(-1);
+      sh::host::observe_probabilities(policy, host_view(l), host_model(-1).layer(l),
+                                      sh::probability_view<host_space>::dense({probs.data(), probs.size()}, H, 1, cap));
+      CUDA_CHECK(sh::cuda::observe_probabilities(
+          policy, device_view(l), device_model().layer(l),
+          sh::probability_view<device_space>::dense({d_probs.data(), d_probs.size()}, H, 1, cap)));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto dev = model_bytes();
+    observed_ok = same_state(dev.data(), h_model_buf.data()) && all_clear();
+  }
+  static sh::state_shape shape_of() { return {rows, H, cap, make_policy().ring_words()}; }
+  static int stride_of() { return sh::max_evictions(cap, budget, m); }
+
+  // Tables: the device's from `lengths` and `pages`; the host's the same
+  // with sequence `bad` (if any) a padding slot.
+  void build_table(int bad, std::vector<std::int32_t>& len, std::vector<std::int32_t>& indptr,
+                   std::vector<std::int32_t>& indices, std::vector<std::int32_t>& last, std::vector<std::int32_t>& r) {
+    len.assign(B, 0);
+    indptr.assign(B + 1, 0);
+    indices.assign(B * max_pages, 0);
+    last.assign(B, 0);
+    r = map;
+    for (int b = 0; b < B; ++b) {
+      const int l = b == bad ? 0 : lengths[b];
+      if (b == bad) r[b] = -1;
+      len[b] = l;
+      const int used = (l + P - 1) / P;
+      for (int i = 0; i < used; ++i) indices[indptr[b] + i] = pages[b][i];
+      indptr[b + 1] = indptr[b] + used;
+      last[b] = used == 0 ? 0 : l - (used - 1) * P;
+    }
+  }
+  void upload_table() {
+    std::vector<std::int32_t> r;
+    build_table(-1, t_len, t_indptr, t_indices, t_last, r);
+    d_len.upload(t_len);
+    d_indptr.upload(t_indptr);
+    d_indices.upload(t_indices);
+    d_last.upload(t_last);
+    d_map.upload(map);
+  }
+  void build_host_table(int bad) { build_table(bad, h_len, h_indptr, h_indices, h_last, h_map); }
+  auto host_view(int l) {
+    const sh::host_span<float> k(hk.data() + elements * l, elements), v(hv.data() + elements * l, elements);
+    if constexpr (Paged)
+      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(h_indptr.data(), B + 1),
+                                    sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
+                                    sh::host_span<const std::int32_t>(h_last.data(), B), B, H, D, P, num_pages,
+                                    max_pages, false);
+    else
+      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(h_len.data(), B), B, H, D, cap,
+                              sh::named_layout::nhd);
+  }
+  auto device_view(int l) const {
+    const sh::device_span<float> k(dk.data() + elements * l, elements), v(dv.data() + elements * l, elements);
+    if constexpr (Paged)
+      return sh::make_paged_kv_view(k, v, sh::device_span<const std::int32_t>(d_indptr.data(), B + 1),
+                                    sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
+                                    sh::device_span<const std::int32_t>(d_last.data(), B), B, H, D, P, num_pages,
+                                    max_pages, false);
+    else
+      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(d_len.data(), B), B, H, D, cap,
+                              sh::named_layout::nhd);
+  }
+  sh::model_state<host_space> host_model(int bad) {
+    build_host_table(bad);
+    return hm0.for_batch(sh::host_span<const std::int32_t>(h_map.data(), B));
+  }
+  sh::model_state<device_space> device_model() const {
+    return dm0.for_batch(sh::device_span<const std::int32_t>(d_map.data(), B));
+  }
+  sh::eviction_selection<host_space> host_selection(bool with_out = true) {
+    return {stride,
+            {h_counts.data(), static_cast<std::size_t>(B)},
+            {h_slots.data(), h_slots.size()},
+            {h_cache.data(), h_cache.size()},
+            with_out ? sh::compress_output<host_space>{{h_new.data(), static_cast<std::size_t>(B)},
+                                                       {h_freed.data(), static_cast<std::size_t>(B)}}
+                     : sh::compress_output<host_space>{}};
+  }
+  sh::eviction_selection<device_space> device_selection() const {
+    return {stride, d_counts.span(), d_slots.span(), d_cache.span(), {d_new.span(), d_freed.span()}};
+  }
+
+  // select on both sides (host: `bad` a padding slot, its pin 0).
+  void host_select(int bad, const std::vector<std::int32_t>& pinned = {}) {
+    const auto model = host_model(bad);
+    std::vector<std::int32_t> pin = pinned;
+    if (bad >= 0 && !pin.empty()) pin[bad] = 0;
+    sh::host::select(policy, host_view(0), model, budget, h_ws.span(), host_selection(),
+                     pin.empty() ? sh::host_span<const std::int32_t>{}
+                                 : sh::host_span<const std::int32_t>(pin.data(), pin.size()));
+  }
+  cudaError_t device_select(const std::vector<std::int32_t>& pinned = {}, cudaStream_t stream = 0) {
+    if (!pinned.empty()) d_pinned.upload(pinned);
+    return sh::cuda::select(d_ws.data(), ws_bytes, policy, device_view(0), device_model(), budget,
+                            device_selection(),
+                            pinned.empty() ? sh::device_span<const std::int32_t>{}
+                                           : sh::device_span<const std::int32_t>(d_pinned.data(), B),
+                            stream);
+  }
+  void upload_selection() const {
+    d_counts.upload(h_counts);
+    d_slots.upload(h_slots);
+  }
+  // compact or forget one layer with the host's selection (`bad`: a padding
+  // slot with count 0).
+  void host_apply(int l, int bad, bool forget) {
+    const auto model = host_model(bad);
+    std::vector<std::int32_t> saved = h_counts;
+    if (bad >= 0) h_counts[bad] = 0;
+    if (forget)
+      sh::host::forget(policy, host_view(l), model.layer(l), host_selection(false));
+    else
+      sh::host::compact(policy, host_view(l), model.layer(l), host_selection(false), h_cws.span());
+    h_counts = saved;
+  }
+  cudaError_t device_apply(int l, bool forget, cudaStream_t stream = 0) {
+    if (forget) return sh::cuda::forget(policy, device_view(l), device_model().layer(l), device_selection(), stream);
+    return sh::cuda::compact(d_cws.data(), cws_bytes, policy, device_view(l), device_model().layer(l),
+                             device_selection(), stream);
+  }
+  // compress one layer (shared_heads / per_head policies).
+  void host_compress(int l, int bad) {
+    const auto model = host_model(bad);
+    sh::host::compress(policy, host_view(l), model.layer(l), budget, h_ws.span(),
+                       {{h_new.data(), static_cast<std::size_t>(B)}, {h_freed.data(), static_cast<std::size_t>(B)}});
+  }
+  cudaError_t device_compress(int l) {
+    return sh::cuda::compress(d_ws.data(), ws_bytes, policy, device_view(l), device_model().layer(l), budget,
+                              {d_new.span(), d_freed.span()});
+  }
+
+  std::vector<std::byte> model_bytes() const {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<std::byte> s(d_model_buf.size());
+    d_model_buf.download(s.data(), s.size());
+    return s;
+  }
+  // Every layer's bytes equal, the status words excepted.
+  bool same_state(const std::byte* a, const std::byte* b) const {
+    const auto o = sh::detail::offsets_of(shape);
+    for (int l = 0; l < L; ++l) {
+      const std::size_t at = hm0.layer_bytes * l;
+      if (std::memcmp(a + at, b + at, o.status) != 0 ||
+          std::memcmp(a + at + o.positions, b + at + o.positions, o.total - o.positions) != 0)
+        return false;
+    }
+    return true;
+  }
+  std::vector<std::uint32_t> status(int l) const {
+    std::vector<std::uint32_t> w(rows);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(w.data(), dm0.layer(l).status, sizeof(std::uint32_t) * rows, cudaMemcpyDeviceToHost));
+    return w;
+  }
+  bool all_clear() const {
+    for (int l = 0; l < L; ++l)
+      for (std::uint32_t w : status(l))
+        if (w != 0) return false;
+    return true;
+  }
+  bool same_kv() const { return dk.download() == hk && dv.download() == hv; }
+  // A poke into both states' layer l (the host's bad row is a padding
+  // slot, never read).
+  template <class X>
+  static void put(X* h, X* d, X value) {
+    *h = value;
+    CUDA_CHECK(cudaMemcpy(d, &value, sizeof(X), cudaMemcpyHostToDevice));
+  }
+  void poke_tracked(int l, int r, std::int32_t v) { put(hm0.layer(l).tracked + r, dm0.layer(l).tracked + r, v); }
+  void poke_next(int l, int r, std::int32_t v) {
+    put(hm0.layer(l).next_position + r, dm0.layer(l).next_position + r, v);
+  }
+  void poke_step(int l, int r, std::int64_t v) { put(hm0.layer(l).step + r, dm0.layer(l).step + r, v); }
+  void poke_position(int l, int r, int h, int t, std::int32_t v) {
+    const std::int64_t i = hm0.layer(l).row_index(r, h, t);
+    put(hm0.layer(l).positions + i, dm0.layer(l).positions + i, v);
+  }
+  void poke_status(int l, int r, std::uint32_t v) {
+    put(hm0.layer(l).status + r, dm0.layer(l).status + r, v);
+    hm0.layer(l).status[r] = 0;  // the host uses its words as scratch (zero between calls)
+  }
+};
+
+// The checks run, and those that failed.
+struct tally {
+  int run = 0, failed = 0;
+  void expect(bool ok, const std::string& what) {
+    ++run;
+    if (!ok) {
+      ++failed;
+      std::printf("FAIL errors: %s\n", what.c_str());
+    }
+  }
+};
+
+std::string status_text(const std::vector<std::uint32_t>& w) {
+  std::string s;
+  for (std::size_t r = 0; r < w.size(); ++r)
+    s += " row " + std::to_string(r) + ": " + std::to_string(w[r]) + " (" + sh::cuda::describe_status(w[r]) + ")";
+  return s;
+}
+
+template <class F>
+void expect_throw(tally& t, F& f, const std::string& what, const std::function<cudaError_t()>& call) {
+  const auto before = f.model_bytes();
+  const auto k_before = f.dk.download();
+  bool threw = false;
+  try {
+    (void)call();
+  } catch (const sh::invalid_argument&) {
+    threw = true;
+  }
+  t.expect(threw, what + ": throws invalid_argument");
+  t.expect(f.model_bytes() == before && f.dk.download() == k_before, what + ": nothing launched");
+}
+
+int run_error_tests() {
+  tally t;
+  using fx = fixture<false>;
+  using fxp = fixture<true>;
+
+  // --- valid runs ---------------------------------------------------------
+  {
+    fx f;
+    t.expect(f.observed_ok, "observe of the fixture matches the host");
+    const std::vector<std::int32_t> pinned{3, 5, 0};
+    f.host_select(-1, pinned);
+    CUDA_CHECK(f.device_select(pinned));
+    const auto dc = f.d_counts.download(), ds = f.d_slots.download(), dn = f.d_new.download();
+    bool ok = f.all_clear() && dn == f.h_new && dc == f.h_counts;
+    for (int b = 0; b < fx::B; ++b)
+      for (int k = 0; k < f.h_counts[b]; ++k) ok = ok && ds[b * f.stride + k] == f.h_slots[b * f.stride + k];
+    t.expect(ok, "a valid select with pinned prefixes matches the host and flags nothing");
+    for (int l = 0; l < fx::L; ++l) {
+      f.host_apply(l, -1, false);
+      CUDA_CHECK(f.device_apply(l, false));
+    }
+    const auto dev = f.model_bytes();
+    t.expect(f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             "a valid compact of every layer matches the host");
+  }
+
+  // --- select: one sequence at fault ----------------------------------------
+  // Its row flagged in every layer (`bit` in each), count 0, nothing of it
+  // written; the others equal the host's run without it.
+  auto select_fault = [&](const std::string& what, int bad, std::uint32_t bit, auto&& fault,
+                          std::vector<std::int32_t> pinned = {}) {
+    fx f;
+    fault(f);
+    CUDA_CHECK(f.device_select(pinned));
+    f.host_select(bad, pinned);
+    bool rows_ok = true;
+    for (int l = 0; l < fx::L; ++l) {
+      const auto w = f.status(l);
+      bool layer_ok = (w[f.map[bad]] & bit) != 0;
+      for (int b = 0; b < fx::B; ++b)
+        if (b != bad) layer_ok = layer_ok && w[f.map[b]] == 0;
+      if (!layer_ok) std::printf("  %s: layer %d:%s\n", what.c_str(), l, status_text(w).c_str());
+      rows_ok = rows_ok && layer_ok;
+    }
+    t.expect(rows_ok, what + ": the bit is in the faulty sequence's row of every layer, no other");
+    const auto dc = f.d_counts.download(), ds = f.d_slots.download(), dn = f.d_new.download();
+    bool sel_ok = dc[bad] == 0;
+    for (int b = 0; b < fx::B; ++b) {
+      sel_ok = sel_ok && dn[b] == sh::length_after_compress(f.lengths[b], fx::budget, fx::m);
+      if (b == bad) continue;
+      sel_ok = sel_ok && dc[b] == f.h_counts[b];
+      for (int k = 0; k < f.h_counts[b]; ++k) sel_ok = sel_ok && ds[b * f.stride + k] == f.h_slots[b * f.stride + k];
+    }
+    t.expect(sel_ok, what + ": count 0 for it, the others the host's, new_lengths for every sequence");
+    const auto dev = f.model_bytes();
+    t.expect(f.same_state(dev.data(), f.h_model_buf.data()), what + ": the state is not written");
+  };
+  select_fault("select: a layer tracking fewer tokens", 1, sh::cuda::status_untracked,
+               [](fx& f) { f.poke_tracked(1, f.map[1], f.lengths[1] - 1); });
+  select_fault("select: layers disagreeing on next_position", 1, sh::cuda::status_slot_mismatch, [](fx& f) {
+    const std::int32_t next = f.hm0.layer(1).next_position[f.map[1]];
+    f.poke_next(1, f.map[1], next + 1);
+  });
+  select_fault("select: another token in layer 1 head 1", 2, sh::cuda::status_slot_mismatch,
+               [](fx& f) { f.poke_position(1, f.map[2], 1, 3, 1000); });
+  select_fault("select: another token in layer 0 head 1", 1, sh::cuda::status_slot_mismatch,
+               [](fx& f) { f.poke_position(0, f.map[1], 1, 7, 999); });
+  select_fault("select: pinned_prefix above the length", 1, sh::cuda::status_pinned_prefix, [](fx&) {},
+               {0, 26, 0});
+  select_fault("select: negative pinned_prefix", 2, sh::cuda::status_pinned_prefix, [](fx&) {}, {0, 0, -1});
+  select_fault("select: a pinned prefix leaving too few free tokens", 1, sh::cuda::status_positions, [](fx&) {},
+               {0, 23, 0});
+  select_fault("select: a damaged step in layer 1", 2, sh::cuda::status_step,
+               [](fx& f) { f.poke_step(1, f.map[2], std::int64_t{-1}); });
+  {
+    // A row already flagged in one layer (sticky): skipped, count 0, no new bits.
+    fx f;
+    f.poke_status(1, f.map[1], sh::cuda::status_probability);
+    CUDA_CHECK(f.device_select());
+    f.host_select(1);
+    const auto w0 = f.status(0), w1 = f.status(1);
+    const auto dc = f.d_counts.download();
+    t.expect(w0 == std::vector<std::uint32_t>(fx::rows, 0u) && w1[f.map[1]] == sh::cuda::status_probability &&
+                 dc[1] == 0 && dc[2] == f.h_counts[2],
+             "select: a row flagged in one layer is skipped (count 0), the others proceed");
+    f.upload_selection();  // the host's (count 0 for it)
+    CUDA_CHECK(f.device_apply(0, false));
+    f.host_apply(0, 1, false);
+    const auto dev = f.model_bytes();
+    t.expect(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             "compact after it matches the host without the sequence");
+    sh::host::reset_sequence(f.hm0, f.map[1], 50);
+    CUDA_CHECK(sh::cuda::reset_sequence(f.dm0, f.map[1], 50));
+    t.expect(f.all_clear(), "cuda::reset_sequence(model) clears the row's word in every layer");
+  }
+  {
+    // The whole batch: a state row used twice flags both rows in every layer.
+    fx f;
+    f.map = {2, 0, 2};
+    f.upload_table();
+    CUDA_CHECK(f.device_select());
+    bool ok = true;
+    for (int l = 0; l < fx::L; ++l) {
+      const auto w = f.status(l);
+      ok = ok && (w[0] & sh::cuda::status_state_rows) && (w[2] & sh::cuda::status_state_rows) && w[1] == 0 &&
+           w[3] == 0;
+    }
+    const auto dc = f.d_counts.download();
+    t.expect(ok && dc == std::vector<std::int32_t>(fx::B, 0),
+             "select: a state row used twice flags the batch's rows in every layer, every count 0");
+  }
+  {
+    // A padding slot holding tokens flags every row of the batch.
+    fx f;
+    f.map = {2, -1, 3};
+    f.upload_table();
+    CUDA_CHECK(f.device_select());
+    bool ok = true;
+    for (int l = 0; l < fx::L; ++l) {
+      const auto w = f.status(l);
+      ok = ok && (w[2] & sh::cuda::status_state_rows) && (w[3] & sh::cuda::status_state_rows) && w[0] == 0;
+    }
+    t.expect(ok && f.d_counts.download() == std::vector<std::int32_t>(fx::B, 0),
+             "select: a padding slot holding tokens flags the batch, every count 0");
+  }
+
+  // --- compact / forget: one sequence at fault (layer 0) ------------------
+  auto apply_fault = [&](const std::string& what, int bad, std::uint32_t bit, bool forget, auto&& fault) {
+    fx f;
+    f.host_select(-1);
+    f.upload_selection();
+    std::vector<std::int32_t> counts = f.h_counts, slots = f.h_slots;
+    fault(f, counts, slots);
+    f.d_counts.upload(counts);
+    f.d_slots.upload(slots);
+    CUDA_CHECK(f.device_apply(0, forget));
+    f.host_apply(0, bad, forget);
+    const auto w = f.status(0);
+    bool rows_ok = (w[f.map[bad]] & bit) != 0;
+    for (int b = 0; b < fx::B; ++b)
+      if (b != bad) rows_ok = rows_ok && w[f.map[b]] == 0;
+    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    t.expect(rows_ok, what + ": the bit is in the faulty sequence's row only");
+    const auto dev = f.model_bytes();
+    t.expect(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             what + ": state, K and V equal the host's run without the sequence");
+  };
+  using vec = std::vector<std::int32_t>;
+  for (bool forget : {false, true}) {
+    const std::string op = forget ? "forget" : "compact";
+    apply_fault(op + ": count above the length", 0, sh::cuda::status_selection, forget,
+                [](fx& f, vec& c, vec&) { c[0] = f.lengths[0] + 1; });
+    apply_fault(op + ": count above the stride", 1, sh::cuda::status_selection, forget,
+                [](fx& f, vec& c, vec&) { c[1] = f.stride + 1; });
+    apply_fault(op + ": negative count", 2, sh::cuda::status_selection, forget,
+                [](fx&, vec& c, vec&) { c[2] = -1; });
+    apply_fault(op + ": slots not ascending", 1, sh::cuda::status_selection, forget, [](fx& f, vec& c, vec& s) {
+      std::swap(s[1 * f.stride + 0], s[1 * f.stride + c[1] - 1]);
+    });
+    apply_fault(op + ": a slot twice", 2, sh::cuda::status_selection, forget,
+                [](fx& f, vec&, vec& s) { s[2 * f.stride + 1] = s[2 * f.stride + 0]; });
+    apply_fault(op + ": a slot past the length", 1, sh::cuda::status_selection, forget,
+                [](fx& f, vec& c, vec& s) { s[1 * f.stride + c[1] - 1] = f.lengths[1]; });
+    apply_fault(op + ": a protected slot", 1, sh::cuda::status_selection_protected, forget,
+                [](fx& f, vec& c, vec& s) { s[1 * f.stride + c[1] - 1] = f.lengths[1] - 1; });  // the newest token
+    apply_fault(op + ": a state tracking fewer tokens", 2, sh::cuda::status_untracked, forget,
+                [](fx& f, vec&, vec&) { f.poke_tracked(0, f.map[2], f.lengths[2] - 1); });
+    apply_fault(op + ": a damaged tracked count", 1, sh::cuda::status_tracked, forget,
+                [](fx& f, vec&, vec&) { f.poke_tracked(0, f.map[1], f.lengths[1] + 3); });
+  }
+
+  // --- shared pages ---------------------------------------------------------
+  {
+    // Sequence 0 (below the budget, nothing written) lists a page that
+    // compact would rewrite for sequence 1: sequence 1 is skipped.
+    fxp f;
+    f.host_select(-1);
+    const int first = f.h_slots[1 * f.stride], kept = f.lengths[1] - f.h_counts[1];
+    t.expect(first < kept, "paged fixture: sequence 1's compaction writes a page");
+    f.pages[0][0] = f.pages[1][first / fxp::P];
+    f.upload_table();
+    f.upload_selection();
+    CUDA_CHECK(f.device_apply(0, false));
+    f.host_apply(0, 1, false);
+    const auto w = f.status(0);
+    const auto dev = f.model_bytes();
+    t.expect((w[f.map[1]] & sh::cuda::status_shared_page) && w[f.map[0]] == 0 && w[f.map[2]] == 0 &&
+                 f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             "compact: a written page listed twice skips its sequence (status_shared_page), the others proceed");
+  }
+  {
+    // A shared prefix pinned in select is never written: accepted.
+    fxp f;
+    f.pages[2][0] = f.pages[1][0];
+    f.upload_table();
+    const std::vector<std::int32_t> pinned{0, fxp::P, fxp::P};
+    f.host_select(-1, pinned);
+    CUDA_CHECK(f.device_select(pinned));
+    bool ok = f.d_counts.download() == f.h_counts;
+    for (int l = 0; l < fxp::L; ++l) {
+      f.host_apply(l, -1, false);
+      CUDA_CHECK(f.device_apply(l, false));
+    }
+    const auto dev = f.model_bytes();
+    t.expect(ok && f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             "compact: pages shared below the pinned prefix are accepted and match the host");
+  }
+
+  // --- compress at shared_heads (and per_head shared pages) ---------------
+  using fxh = fixture<false, sh::with_granularity<sh::scissorhands_policy, g_heads_mean>>;
+  using fxhp = fixture<true, sh::with_granularity<sh::scissorhands_policy, g_heads_max>>;
+  using fxpp = fixture<true, sh::scissorhands_policy>;
+  auto compress_fault = [&](auto tag, const std::string& what, int bad, std::uint32_t bit, auto&& fault) {
+    using F = typename decltype(tag)::type;
+    F f;
+    t.expect(f.observed_ok, what + ": the fixture's observe matches the host");
+    fault(f);
+    CUDA_CHECK(f.device_compress(0));
+    f.host_compress(0, bad);
+    const auto w = f.status(0);
+    bool rows_ok = bad < 0 ? w == std::vector<std::uint32_t>(F::rows, 0u) : (w[f.map[bad]] & bit) != 0;
+    for (int b = 0; b < F::B; ++b)
+      if (b != bad) rows_ok = rows_ok && w[f.map[b]] == 0;
+    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    t.expect(rows_ok, what + ": status words");
+    const auto dev = f.model_bytes();
+    const auto dn = f.d_new.download();
+    bool out_ok = true;
+    for (int b = 0; b < F::B; ++b) out_ok = out_ok && dn[b] == sh::length_after_compress(f.lengths[b], F::budget, F::m);
+    t.expect(out_ok && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+             what + ": new_lengths for every sequence; state, K and V equal the host's run without the sequence");
+  };
+  struct tag_h {
+    using type = fxh;
+  };
+  struct tag_hp {
+    using type = fxhp;
+  };
+  struct tag_pp {
+    using type = fxpp;
+  };
+  compress_fault(tag_h{}, "compress shared_heads: valid", -1, 0, [](fxh&) {});
+  compress_fault(tag_hp{}, "compress shared_heads paged: valid", -1, 0, [](fxhp&) {});
+  compress_fault(tag_h{}, "compress shared_heads: heads holding different tokens", 1, sh::cuda::status_slot_mismatch,
+                 [](fxh& f) { f.poke_position(0, f.map[1], 1, 4, 777); });
+  compress_fault(tag_h{}, "compress shared_heads: untracked tokens", 2, sh::cuda::status_untracked,
+                 [](fxh& f) { f.poke_tracked(0, f.map[2], f.lengths[2] - 2); });
+  compress_fault(tag_hp{}, "compress shared_heads: a page listed twice", 1, sh::cuda::status_shared_page,
+                 [](fxhp& f) {
+                   f.pages[0][1] = f.pages[1][0];
+                   f.upload_table();
+                 });
+  compress_fault(tag_pp{}, "compress per_head: a page listed twice", 2, sh::cuda::status_shared_page, [](fxpp& f) {
+    f.pages[2][3] = f.pages[2][0];  // twice in its own list
+    f.upload_table();
+  });
+
+  // --- host-side refusals -------------------------------------------------
+  {
+    fx f;
+    auto sel = [&] { return f.device_selection(); };
+    const auto dm = f.device_model();
+    const auto dv = f.device_view(0);
+    const auto expect_select_throw = [&](const std::string& what, sh::eviction_selection<device_space> s,
+                                         sh::device_span<const std::int32_t> pin = {}) {
+      expect_throw(t, f, what, [&] {
+        return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, dm, fx::budget, s, pin);
+      });
+    };
+    auto s = sel();
+    s.stride = f.stride - 1;
+    expect_select_throw("select: stride below max_evictions", s);
+    s = sel();
+    s.counts = {f.d_counts.data(), fx::B - 1};
+    expect_select_throw("select: counts of the wrong size", s);
+    s = sel();
+    s.slots = {f.d_slots.data(), f.d_slots.size() - 1};
+    expect_select_throw("select: slots too short", s);
+    s = sel();
+    s.cache_slots = {f.d_cache.data(), 1};
+    expect_select_throw("select: cache_slots too short", s);
+    expect_select_throw("select: pinned_prefix of the wrong size", sel(), {f.d_pinned.data(), fx::B - 1});
+    expect_select_throw("select: null pinned_prefix with a size", sel(), {nullptr, fx::B});
+    s = sel();
+    s.out.new_lengths = f.d_counts.span();
+    expect_select_throw("select: new_lengths over counts", s);
+    s = sel();
+    s.counts = {reinterpret_cast<std::int32_t*>(f.d_model_buf.data()), fx::B};
+    expect_select_throw("select: counts over the model state", s);
+    s = sel();
+    s.out.freed_pages = {f.d_freed.data(), 1};
+    expect_select_throw("select: freed_pages of the wrong size", s);
+    expect_throw(t, f, "select: workspace below the query", [&] {
+      std::size_t small = f.ws_bytes - 1;
+      return sh::cuda::select(f.d_ws.data(), small, f.policy, dv, dm, fx::budget, sel());
+    });
+    expect_throw(t, f, "select: misaligned workspace", [&] {
+      return sh::cuda::select(f.d_ws.data() + 16, f.ws_bytes, f.policy, dv, dm, fx::budget, sel());
+    });
+    expect_throw(t, f, "select: workspace over the model state", [&] {
+      return sh::cuda::select(f.d_model_buf.data(), f.ws_bytes, f.policy, dv, dm, fx::budget, sel());
+    });
+    expect_throw(t, f, "select: budget not above the protected tokens", [&] {
+      return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, dm, 2, sel());
+    });
+    expect_throw(t, f, "select: model with the wrong layer stride", [&] {
+      auto bad = dm;
+      bad.layer_bytes += 256;
+      return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, bad, fx::budget, sel());
+    });
+    expect_throw(t, f, "select: model not laid out", [&] {
+      return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, sh::model_state<device_space>{}, fx::budget,
+                              sel());
+    });
+    // compact / forget
+    const auto layer = dm.layer(0);
+    const auto expect_apply_throw = [&](const std::string& what, sh::eviction_selection<device_space> s2) {
+      expect_throw(t, f, "compact: " + what, [&] {
+        return sh::cuda::compact(f.d_cws.data(), f.cws_bytes, f.policy, dv, layer, s2);
+      });
+      expect_throw(t, f, "forget: " + what, [&] { return sh::cuda::forget(f.policy, dv, layer, s2); });
+    };
+    s = sel();
+    s.counts = {f.d_counts.data(), fx::B + 1};
+    expect_apply_throw("counts of the wrong size", s);
+    s = sel();
+    s.slots = {f.d_slots.data(), 2};
+    expect_apply_throw("slots too short", s);
+    s = sel();
+    s.stride = -1;
+    expect_apply_throw("negative stride", s);
+    s = sel();
+    s.counts = {reinterpret_cast<std::int32_t*>(f.d_model_buf.data()), fx::B};
+    expect_apply_throw("counts over the state", s);
+    s = sel();
+    s.slots = {reinterpret_cast<std::int32_t*>(f.dk.data()), f.d_slots.size()};
+    expect_throw(t, f, "compact: slots over K", [&] {
+      return sh::cuda::compact(f.d_cws.data(), f.cws_bytes, f.policy, dv, layer, s);
+    });
+    expect_throw(t, f, "reset_sequence(model): row out of range",
+                 [&] { return sh::cuda::reset_sequence(f.dm0, fx::rows, 0); });
+    expect_throw(t, f, "reset_state(model): not laid out",
+                 [&] { return sh::cuda::reset_state(sh::model_state<device_space>{}); });
+  }
+  {
+    fxp f;
+    const auto layer = f.device_model().layer(0);
+    expect_throw(t, f, "compact: paged workspace below the query", [&] {
+      std::size_t small = f.cws_bytes - 4;
+      return sh::cuda::compact(f.d_cws.data(), small, f.policy, f.device_view(0), layer, f.device_selection());
+    });
+    expect_throw(t, f, "compact: workspace over the page table", [&] {
+      return sh::cuda::compact(f.d_indices.data(), f.cws_bytes, f.policy, f.device_view(0), layer,
+                               f.device_selection());
+    });
+  }
+  {
+    fxh f;
+    expect_throw(t, f, "compress shared_heads: budget not above the protected tokens", [&] {
+      return sh::cuda::compress(f.d_ws.data(), f.ws_bytes, f.policy, f.device_view(0), f.device_model().layer(0), 1,
+                                {f.d_new.span(), {}});
+    });
+  }
+  std::printf("errors: %d of %d checks passed\n", t.run - t.failed, t.run);
+  return t.failed;
+}
+
+// ---------------------------------------------------------------------------
+// select + compact of every layer captured in a CUDA graph, replayed: no
+// allocation, no synchronisation inside.
+int run_graph_test() {
+  using fxp = fixture<true>;
+  fxp f;
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<std::int32_t> pinned{2, 0, 1};
+  f.d_pinned.upload(pinned);
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  cudaError_t err = sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, f.device_view(0), f.device_model(),
+                                     fxp::budget, f.device_selection(),
+                                     sh::device_span<const std::int32_t>(f.d_pinned.data(), fxp::B), stream);
+  for (int l = 0; err == cudaSuccess && l < fxp::L; ++l) err = f.device_apply(l, false, stream);
+  CUDA_CHECK(err);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  f.host_select(-1, pinned);
+  for (int l = 0; l < fxp::L; ++l) f.host_apply(l, -1, false);
+  const auto dev = f.model_bytes();
+  const bool ok = f.all_clear() && f.d_counts.download() == f.h_counts && f.d_new.download() == f.h_new &&
+                  f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv();
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  std::printf("graph: select + compact captured and replayed: %s\n", ok ? "matches the host" : "MISMATCH");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int configs = 600;
+  std::uint64_t seed = 20230517;
+  std::string only;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--configs") configs = std::stoi(next());
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--only") only = next();
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph] [--quick]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (quick) configs = std::min(configs, 24);
+  require_device_or_skip(argv[0]);
+  cudaDeviceProp prop{};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::printf("device %d: %s (sm_%d%d), seed %llu\n", device, prop.name, prop.major, prop.minor,
+              static_cast<unsigned long long>(seed));
+  auto want = [&](const char* part) {
+    return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
+  };
+  int failures = 0;
+  if (want("differential")) failures += run_differential(configs, seed, quick);
+  if (want("errors")) failures += run_error_tests();
+  if (want("graph")) failures += run_graph_test();
+  std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}
