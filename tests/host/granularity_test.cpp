@@ -641,3 +641,46 @@ TEST_CASE("a shared prefix page may be listed twice when compact never writes it
   REQUIRE(slots[0] < 4);  // all scores 0: the oldest goes
   CHECK_THROWS_AS(sh::host::compact(p, cache.view(), model.layer(0), sel, cws.span()), sh::invalid_argument);
 }
+
+TEST_CASE("compress, select and compact refuse a workspace over the page table", "[granularity]") {
+  using policy_t = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
+  using heads_t = sh::with_granularity<sh::h2o_policy, sh::shared_heads<>>;
+  policy_t p;
+  p.config.recent = 1;
+  const std::int32_t page = 2, H = 1, D = 4;
+  paged_cache cache(1, H, D, page, 8, sh::paged_layout::nhd(page, H, D), sh::paged_layout::nhd(page, H, D), 4);
+  for (int i = 0; i < 8; ++i) cache.append(0);
+  const sh::state_shape shape{1, H, 8, p.ring_words()};
+  aligned_bytes buffer(sh::model_state_bytes(shape, 1));
+  const auto model = sh::make_model_state(buffer.span(), shape, 1);
+  sh::host::reset_state(model);
+  auto view = cache.view();
+  sh::host::admit(p, view, model.layer(0));
+  // The table's indices copied to the start of a buffer the test then also
+  // passes as the workspace.
+  aligned_bytes shared_bytes(4096);
+  auto* ids = reinterpret_cast<std::int32_t*>(shared_bytes.data());
+  std::copy(cache.indices.begin(), cache.indices.end(), ids);
+  view.indices = {ids, cache.indices.size()};
+  const sh::host_span<std::byte> bad = shared_bytes.span();
+  std::vector<std::int32_t> counts(1), slots(8), lens(1), freed(1);
+  const sh::eviction_selection<host> sel{8, {counts.data(), 1}, {slots.data(), 8}, {}, {{lens.data(), 1}, {freed.data(), 1}}};
+  const std::vector<std::int32_t> table_before(ids, ids + cache.indices.size());
+  const auto expect_workspace_refused = [&](auto&& call) {
+    try {
+      call();
+      FAIL("expected a refusal");
+    } catch (const sh::invalid_argument& e) {
+      CHECK(e.argument() == "workspace");
+    }
+    CHECK(std::equal(table_before.begin(), table_before.end(), ids));
+  };
+  expect_workspace_refused([&] { sh::host::select(p, view, model, 8, bad, sel); });
+  heads_t heads;
+  heads.config.recent = 1;
+  expect_workspace_refused([&] { sh::host::compress(heads, view, model.layer(0), 8, bad, cache.output()); });
+  aligned_bytes ws(sh::host::select_workspace_bytes(view, shape));
+  sh::host::select(p, view, model, 8, ws.span(), sel);
+  REQUIRE(counts[0] == 1);
+  expect_workspace_refused([&] { sh::host::compact(p, view, model.layer(0), sel, bad); });
+}

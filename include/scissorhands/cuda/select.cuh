@@ -207,7 +207,8 @@ cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy
   {
     // Outputs must not overlap anything the call reads, nor each other; the
     // workspace must not overlap what the call reads.
-    detail::validate_output(fn, cache, model.first, selection.out, ws_range);
+    detail::validate_output(fn, cache, model.first, selection.out, ws_range, "selection.out.new_lengths",
+                            "selection.out.freed_pages");
     detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model), ws_range);
     detail::byte_range table[3];
     host::detail::table_ranges(cache, table);

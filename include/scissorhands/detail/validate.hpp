@@ -142,6 +142,38 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
   require(!overlaps(outputs[0], outputs[1]), fn, freed_pages_name, "must not overlap ", new_lengths_name);
 }
 
+// A workspace is written while the call reads the cache, the table, the
+// state rows and the state: it must share no byte with any of them (page
+// marks written over `indices` would change the table mid-call).
+template <class View, memory_space Space>
+void validate_workspace_apart(const char* fn, const View& cache, const span<const std::int32_t, Space>& state_rows,
+                              byte_range state, byte_range workspace) {
+  byte_range read[7];
+  if constexpr (requires { cache.page_size; }) {
+    read[0] = range_of(cache.last_page_len, "cache.last_page_len");
+    read[1] = range_of(cache.indptr, "cache.indptr");
+    read[2] = range_of(cache.indices, "cache.indices");
+    read[3] = range_of(cache.k_pages, "cache.k_pages");
+    read[4] = range_of(cache.v_pages, "cache.v_pages");
+  } else {
+    read[0] = range_of(cache.lengths, "cache.lengths");
+    read[1] = read[2] = byte_range{nullptr, 0, ""};
+    read[3] = range_of(cache.k, "cache.k");
+    read[4] = range_of(cache.v, "cache.v");
+  }
+  read[5] = range_of(state_rows, "state.state_rows");
+  read[6] = state;
+  for (const byte_range& r : read)
+    require(!overlaps(workspace, r), fn, workspace.name, "must not overlap ", r.name,
+            " (the call writes its workspace while reading it)");
+}
+template <class View, memory_space Space>
+void validate_workspace_apart(const char* fn, const View& cache, const eviction_state<Space>& state,
+                              byte_range workspace) {
+  const byte_range the_state{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total, "the state"};
+  validate_workspace_apart(fn, cache, state.state_rows, the_state, workspace);
+}
+
 // The state shape a policy needs for a cache: a row per batch position and
 // a slot for every slot of the cache. With a budget, state_capacity_for()
 // gives a much smaller capacity (eviction_state.hpp).

@@ -59,6 +59,7 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
   constexpr bool paged = requires { cache.page_size; };
   detail::validate_output(fn, cache, state, out, {workspace.data(), workspace.size(), "workspace"});
+  detail::validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
   // Every sequence that triggers must have state for all its tokens and
   // enough unprotected ones to evict (the state could have been damaged).
   for (std::int32_t b = 0; b < cache.batch; ++b) {

@@ -219,6 +219,8 @@ void select(const Policy& policy, View cache, model_state<memory_space::host> mo
     // workspace; the whole model and the other outputs are checked here.)
     detail::validate_output(fn, cache, model.first, selection.out, {workspace.data(), workspace.size(), "workspace"},
                             "selection.out.new_lengths", "selection.out.freed_pages");
+    detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model),
+                                     {workspace.data(), need, "workspace"});
     detail::byte_range table[3];
     detail::table_ranges(cache, table);
     const detail::byte_range inputs[] = {table[0],
@@ -338,6 +340,7 @@ void compact(const Policy& policy, View cache, eviction_state<memory_space::host
   const std::size_t need = compact_workspace_bytes(cache);
   detail::require(workspace.size() >= need && (need == 0 || workspace.data() != nullptr), fn, "workspace", "holds ",
                   workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
+  detail::validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
   {
     detail::byte_range kv[2];
     detail::kv_ranges(cache, kv);

@@ -60,37 +60,8 @@ inline byte_range state_range(const eviction_state<memory_space::device>& state,
   return {state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total, name};
 }
 
-// A workspace the device writes (lists, keys, page listing counts) must not
-// overlap anything the call reads or moves: the lengths or page table, the
-// state rows, the state (`state`: one layer, or a whole model), K and V.
-template <class View>
-void validate_workspace_apart(const char* fn, const View& cache,
-                              const span<const std::int32_t, memory_space::device>& state_rows, byte_range state,
-                              byte_range workspace) {
-  byte_range read[7];
-  if constexpr (requires { cache.page_size; }) {
-    read[0] = range_of(cache.last_page_len, "cache.last_page_len");
-    read[1] = range_of(cache.indptr, "cache.indptr");
-    read[2] = range_of(cache.indices, "cache.indices");
-    read[3] = range_of(cache.k_pages, "cache.k_pages");
-    read[4] = range_of(cache.v_pages, "cache.v_pages");
-  } else {
-    read[0] = range_of(cache.lengths, "cache.lengths");
-    read[1] = read[2] = byte_range{nullptr, 0, ""};
-    read[3] = range_of(cache.k, "cache.k");
-    read[4] = range_of(cache.v, "cache.v");
-  }
-  read[5] = range_of(state_rows, "state.state_rows");
-  read[6] = state;
-  for (const byte_range& r : read)
-    require(!overlaps(workspace, r), fn, workspace.name, "must not overlap ", r.name,
-            " (the call writes its workspace while reading it)");
-}
-template <class View>
-void validate_workspace_apart(const char* fn, const View& cache, const eviction_state<memory_space::device>& state,
-                              byte_range workspace) {
-  validate_workspace_apart(fn, cache, state.state_rows, state_range(state), workspace);
-}
+// (validate_workspace_apart, shared with the host, is in detail/validate.hpp:
+// a workspace the device writes must not overlap what the call reads.)
 
 // The part of host::detail::validate_query_counts that needs no device data:
 // query heads, and qo_indptr's size (its values are checked on the device:
