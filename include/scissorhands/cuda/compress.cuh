@@ -155,7 +155,7 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
   detail::compact_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
       policy.config, seqs, rows, row_bytes, vec, state, budget, ws, out.new_lengths.data(),
       out.freed_pages.empty() ? nullptr : out.freed_pages.data());
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 }  // namespace scissorhands::cuda

@@ -48,7 +48,7 @@ namespace detail {
 inline constexpr std::int32_t max_query_tile_floats = 10 * 1024;
 
 inline dim3 slot_grid(std::int32_t slots, std::int32_t kv_heads, std::int32_t batch) {
-  const auto chunks = static_cast<unsigned>((slots + slot_traits::chunk - 1) / slot_traits::chunk);
+  const auto chunks = static_cast<unsigned>((std::int64_t{slots} + slot_traits::chunk - 1) / slot_traits::chunk);
   return dim3(chunks > 0 ? chunks : 1u, static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
 }
 
@@ -80,7 +80,7 @@ cudaError_t dispatch_admit(const Policy& policy, const View& cache, const evicti
       <<<slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
           policy.config, seqs, make_row_table<T>(cache), cache.head_dim, state);
   launch_finalize<false>(seqs, state, {}, stream);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 template <class Policy, class T, class Q, int HeadDim>
@@ -125,7 +125,7 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
         <<<detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0,
            stream>>>(policy, seqs, state, probs);
     detail::launch_finalize<true>(seqs, state, counts, stream);
-    return cudaGetLastError();
+    return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }
 
@@ -174,7 +174,7 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
       const std::int64_t total = std::int64_t{slots} * cache.kv_heads * cache.batch;
       chunk = 256;
       while (chunk < 4096 && total / chunk > 1024) chunk *= 2;
-      chunks = static_cast<unsigned>((slots + chunk - 1) / chunk);
+      chunks = static_cast<unsigned>((std::int64_t{slots} + chunk - 1) / chunk);
     }
     const dim3 grid(chunks, static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
@@ -195,7 +195,7 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
       detail::launch_queries<Policy, T, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
                                               chunk, smem, stream);
     detail::launch_finalize<true>(seqs, state, counts, stream);
-    return cudaGetLastError();
+    return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }
 

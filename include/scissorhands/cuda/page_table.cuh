@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(page_table_traits::threads) shrink_page_table_
       bits |= status_new_length;
       continue;
     }
-    total += pages - (length + page_size - 1) / page_size;
+    total += pages - (std::int64_t{length} + page_size - 1) / page_size;  // 64 bits: no overflow near INT32_MAX
   }
   bits = block::block_or(bits);
   total = reduce(tmp.reduce).Sum(total);  // valid in thread 0
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(page_table_traits::threads) shrink_page_table_
       begin = a.indptr[b];
       pages = a.indptr[b + 1] - begin;
       length = a.new_lengths[b];
-      kept = static_cast<std::int32_t>((length + page_size - 1) / page_size);
+      kept = static_cast<std::int32_t>((std::int64_t{length} + page_size - 1) / page_size);
     }
     std::int32_t kept_before = 0, kept_all = 0, rel_before = 0, rel_all = 0;
     __syncthreads();  // tmp: the previous use is over
@@ -230,7 +230,7 @@ inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_sp
   a.released_size = static_cast<std::int64_t>(released.size());
   a.result = d_result;
   detail::shrink_page_table_kernel<><<<1, page_table_traits::threads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 }  // namespace scissorhands::cuda

@@ -250,7 +250,7 @@ cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy
   out.new_lengths = selection.out.new_lengths.data();
   out.freed_pages = selection.out.freed_pages.empty() ? nullptr : selection.out.freed_pages.data();
   detail::publish_selection_kernel<><<<blocks, slot_traits::threads, 0, stream>>>(m, seqs, model, budget, ws, out);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 // Bytes of workspace compact needs: 4 per pool page for a paged cache (the
@@ -321,7 +321,7 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
   detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
       policy.config.compaction_mode == compaction::preserve_order, true, seqs, rows, row_bytes, vec, state, sel,
       page_counts);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 // Applies a selection to one layer's state only, exactly as host::forget,
@@ -348,7 +348,7 @@ cudaError_t forget(const Policy& policy, View cache, eviction_state<memory_space
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
   detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
       true, false, seqs, detail::row_table<std::byte>{}, 0, 1, state, sel, nullptr);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 }  // namespace scissorhands::cuda

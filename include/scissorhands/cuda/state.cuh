@@ -66,7 +66,7 @@ inline cudaError_t reset_sequence(eviction_state<memory_space::device> state, st
   scissorhands::detail::require(start_position >= 0, fn, "start_position", "must be non-negative, got ",
                                 start_position);
   detail::reset_sequence_kernel<><<<1, 1, 0, stream>>>(state, row, start_position);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 // The same for every layer of a model state (shared_layers eviction): one
@@ -97,7 +97,7 @@ inline cudaError_t reset_sequence(model_state<memory_space::device> model, std::
   scissorhands::detail::require(start_position >= 0, fn, "start_position", "must be non-negative, got ",
                                 start_position);
   detail::reset_model_sequence_kernel<><<<1, 32, 0, stream>>>(model, row, start_position);
-  return cudaGetLastError();
+  return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
 }  // namespace scissorhands::cuda
