@@ -45,7 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../host/select.hpp"  // host::detail::table_ranges, validate_selection sizes
+#include "../detail/validate.hpp"
 #include "../model_state.hpp"
 #include "../selection.hpp"
 #include "compress.cuh"
@@ -58,12 +58,6 @@
 namespace scissorhands::cuda {
 
 namespace detail {
-
-inline byte_range model_range(const model_state<memory_space::device>& model) {
-  return {model.first.step,
-          model.first.step == nullptr ? 0 : model.layer_bytes * static_cast<std::size_t>(model.layers),
-          "the model state"};
-}
 
 // The model must be laid out by make_model_state, and every layer must
 // match the cache and the policy (as compress's state).
@@ -172,7 +166,6 @@ cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy
   detail::validate_model(fn, policy, cache, model);
   detail::validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
-  const state_shape& shape = model.first.shape;
   // Workspace.
   const detail::compress_workspace::sizes sizes = detail::select_sizes(policy, cache, model, budget);
   const std::size_t need = detail::compress_workspace::bytes(sizes);
@@ -181,59 +174,7 @@ cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
                   "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
   const detail::byte_range ws_range{d_workspace, workspace_bytes, "d_workspace"};
-  // The selection's spans.
-  const std::int32_t stride_need = max_evictions(shape.capacity, budget, m);
-  detail::require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
-                  shape.capacity, ", budget ", budget, ", m ", m, ") = ", stride_need, ", got ", selection.stride);
-  const auto batch = static_cast<std::size_t>(cache.batch);
-  const std::size_t entries = batch * static_cast<std::size_t>(selection.stride);
-  detail::require(selection.counts.size() == batch && selection.counts.data() != nullptr, fn, "selection.counts",
-                  "must hold batch = ", batch, " entries (non-null), got ", selection.counts.size());
-  detail::require(selection.slots.size() >= entries && (entries == 0 || selection.slots.data() != nullptr), fn,
-                  "selection.slots", "must hold batch * stride = ", entries, " entries (non-null), got ",
-                  selection.slots.size());
-  detail::require(selection.cache_slots.empty() ||
-                      (selection.cache_slots.size() >= entries && selection.cache_slots.data() != nullptr),
-                  fn, "selection.cache_slots", "must be empty or hold batch * stride = ", entries,
-                  " entries (non-null), got ", selection.cache_slots.size());
-  if constexpr (paged)
-    detail::require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX,
-                    fn, "selection.cache_slots", "are int32: num_pages * page_size = ",
-                    std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
-  detail::require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
-                  "must not be null when its size is ", pinned_prefix.size());
-  detail::require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
-                  "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
-  {
-    // Outputs must not overlap anything the call reads, nor each other; the
-    // workspace must not overlap what the call reads.
-    detail::validate_output(fn, cache, model.first, selection.out, ws_range, "selection.out.new_lengths",
-                            "selection.out.freed_pages");
-    detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model), ws_range);
-    detail::byte_range table[3];
-    host::detail::table_ranges(cache, table);
-    const detail::byte_range inputs[] = {table[0],
-                                         table[1],
-                                         table[2],
-                                         detail::range_of(model.first.state_rows, "state.state_rows"),
-                                         detail::model_range(model),
-                                         ws_range,
-                                         detail::range_of(pinned_prefix, "pinned_prefix")};
-    const detail::byte_range outputs[] = {
-        detail::range_of(selection.counts, "selection.counts"),
-        {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
-        {selection.cache_slots.data(), selection.cache_slots.empty() ? 0 : entries * sizeof(std::int32_t),
-         "selection.cache_slots"},
-        detail::range_of(selection.out.new_lengths, "selection.out.new_lengths"),
-        detail::range_of(selection.out.freed_pages, "selection.out.freed_pages")};
-    for (std::size_t i = 0; i < std::size(outputs); ++i) {
-      for (const detail::byte_range& in : inputs)
-        detail::require(!detail::overlaps(outputs[i], in), fn, outputs[i].name, "must not overlap ", in.name);
-      for (std::size_t j = 0; j < i; ++j)
-        detail::require(!detail::overlaps(outputs[i], outputs[j]), fn, outputs[i].name, "must not overlap ",
-                        outputs[j].name);
-    }
-  }
+  detail::validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix, ws_range);
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
   const detail::compress_workspace ws = detail::compress_workspace::carve(d_workspace, sizes);
@@ -298,7 +239,7 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
   const detail::byte_range ws_range{d_workspace, paged ? need : 0, "d_workspace"};
   {
     detail::byte_range kv[2];
-    host::detail::kv_ranges(cache, kv);
+    detail::kv_ranges(cache, kv);
     const detail::byte_range written[] = {kv[0], kv[1], detail::state_range(state), ws_range};
     detail::validate_selection_apart(fn, cache.batch, selection, written);
     detail::validate_workspace_apart(fn, cache, state, ws_range);

@@ -8,8 +8,10 @@
 #include "../error.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
+#include "../model_state.hpp"
 #include "../paged_kv_view.hpp"
 #include "../policy/eviction_policy.hpp"
+#include "../selection.hpp"
 
 namespace scissorhands::detail {
 
@@ -145,24 +147,44 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
 // A workspace is written while the call reads the cache, the table, the
 // state rows and the state: it must share no byte with any of them (page
 // marks written over `indices` would change the table mid-call).
+// What a call reads of the cache besides K and V: the lengths (contiguous)
+// or last_page_len, indptr and indices (paged).
+template <class View>
+void table_ranges(const View& cache, byte_range (&r)[3]) {
+  if constexpr (requires { cache.page_size; }) {
+    r[0] = range_of(cache.last_page_len, "cache.last_page_len");
+    r[1] = range_of(cache.indptr, "cache.indptr");
+    r[2] = range_of(cache.indices, "cache.indices");
+  } else {
+    r[0] = range_of(cache.lengths, "cache.lengths");
+    r[1] = r[2] = byte_range{nullptr, 0, ""};
+  }
+}
+template <class View>
+void kv_ranges(const View& cache, byte_range (&r)[2]) {
+  if constexpr (requires { cache.page_size; }) {
+    r[0] = range_of(cache.k_pages, "cache.k_pages");
+    r[1] = range_of(cache.v_pages, "cache.v_pages");
+  } else {
+    r[0] = range_of(cache.k, "cache.k");
+    r[1] = range_of(cache.v, "cache.v");
+  }
+}
+template <memory_space Space>
+byte_range model_range(const model_state<Space>& model) {
+  return {model.first.step,
+          model.first.step == nullptr ? 0 : model.layer_bytes * static_cast<std::size_t>(model.layers),
+          "the model state"};
+}
+
 template <class View, memory_space Space>
 void validate_workspace_apart(const char* fn, const View& cache, const span<const std::int32_t, Space>& state_rows,
                               byte_range state, byte_range workspace) {
-  byte_range read[7];
-  if constexpr (requires { cache.page_size; }) {
-    read[0] = range_of(cache.last_page_len, "cache.last_page_len");
-    read[1] = range_of(cache.indptr, "cache.indptr");
-    read[2] = range_of(cache.indices, "cache.indices");
-    read[3] = range_of(cache.k_pages, "cache.k_pages");
-    read[4] = range_of(cache.v_pages, "cache.v_pages");
-  } else {
-    read[0] = range_of(cache.lengths, "cache.lengths");
-    read[1] = read[2] = byte_range{nullptr, 0, ""};
-    read[3] = range_of(cache.k, "cache.k");
-    read[4] = range_of(cache.v, "cache.v");
-  }
-  read[5] = range_of(state_rows, "state.state_rows");
-  read[6] = state;
+  byte_range table[3], kv[2];
+  table_ranges(cache, table);
+  kv_ranges(cache, kv);
+  const byte_range read[] = {table[0], table[1], table[2], kv[0], kv[1], range_of(state_rows, "state.state_rows"),
+                             state};
   for (const byte_range& r : read)
     require(!overlaps(workspace, r), fn, workspace.name, "must not overlap ", r.name,
             " (the call writes its workspace while reading it)");
@@ -172,6 +194,68 @@ void validate_workspace_apart(const char* fn, const View& cache, const eviction_
                               byte_range workspace) {
   const byte_range the_state{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total, "the state"};
   validate_workspace_apart(fn, cache, state.state_rows, the_state, workspace);
+}
+
+// select's outputs and pinned_prefix, on either backend: sizes (stride at
+// least max_evictions, counts per sequence, slots and cache_slots per
+// stride entry), and no output sharing a byte with what select reads (the
+// table, the state rows, the whole model state, the workspace,
+// pinned_prefix) or with another output.
+template <class View, memory_space Space>
+void validate_selection_output(const char* fn, const View& cache, const model_state<Space>& model,
+                               std::int32_t budget, std::int32_t evict_count,
+                               const eviction_selection<Space>& selection,
+                               const span<const std::int32_t, Space>& pinned_prefix, byte_range workspace) {
+  const state_shape& shape = model.first.shape;
+  const std::int32_t stride_need = max_evictions(shape.capacity, budget, evict_count);
+  require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
+          shape.capacity, ", budget ", budget, ", m ", evict_count, ") = ", stride_need, ", got ", selection.stride);
+  const auto batch = static_cast<std::size_t>(cache.batch);
+  const std::size_t entries = batch * static_cast<std::size_t>(selection.stride);
+  require(selection.counts.size() == batch && (batch == 0 || selection.counts.data() != nullptr), fn,
+          "selection.counts", "must hold batch = ", batch, " entries (non-null), got ", selection.counts.size());
+  require(selection.slots.size() >= entries && (entries == 0 || selection.slots.data() != nullptr), fn,
+          "selection.slots", "must hold batch * stride = ", entries, " entries (non-null), got ",
+          selection.slots.size());
+  require(selection.cache_slots.empty() ||
+              (selection.cache_slots.size() >= entries && selection.cache_slots.data() != nullptr),
+          fn, "selection.cache_slots", "must be empty or hold batch * stride = ", entries, " entries (non-null), got ",
+          selection.cache_slots.size());
+  if constexpr (requires { cache.page_size; })
+    require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX, fn,
+            "selection.cache_slots", "are int32: num_pages * page_size = ",
+            std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
+  require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
+          "must not be null when its size is ", pinned_prefix.size());
+  require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
+          "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
+  // validate_output checks out.* against the cache, layer 0 and the
+  // workspace; the whole model and the other outputs are checked here.
+  validate_output(fn, cache, model.first, selection.out, workspace, "selection.out.new_lengths",
+                  "selection.out.freed_pages");
+  validate_workspace_apart(fn, cache, model.first.state_rows, model_range(model), workspace);
+  byte_range table[3];
+  table_ranges(cache, table);
+  const byte_range inputs[] = {table[0],
+                               table[1],
+                               table[2],
+                               range_of(model.first.state_rows, "state.state_rows"),
+                               model_range(model),
+                               workspace,
+                               range_of(pinned_prefix, "pinned_prefix")};
+  const byte_range outputs[] = {
+      range_of(selection.counts, "selection.counts"),
+      {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
+      {selection.cache_slots.data(), selection.cache_slots.empty() ? 0 : entries * sizeof(std::int32_t),
+       "selection.cache_slots"},
+      range_of(selection.out.new_lengths, "selection.out.new_lengths"),
+      range_of(selection.out.freed_pages, "selection.out.freed_pages")};
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    for (const byte_range& in : inputs)
+      require(!overlaps(outputs[i], in), fn, outputs[i].name, "must not overlap ", in.name);
+    for (std::size_t j = 0; j < i; ++j)
+      require(!overlaps(outputs[i], outputs[j]), fn, outputs[i].name, "must not overlap ", outputs[j].name);
+  }
 }
 
 // The state shape a policy needs for a cache: a row per batch position and

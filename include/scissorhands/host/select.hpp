@@ -47,34 +47,6 @@ std::size_t compact_workspace_bytes(const View& cache) {
 
 namespace detail {
 
-inline byte_range model_range(const model_state<memory_space::host>& model) {
-  return {model.first.step, model.first.step == nullptr ? 0 : model.layer_bytes * static_cast<std::size_t>(model.layers),
-          "the model state"};
-}
-
-template <class View>
-void table_ranges(const View& cache, byte_range (&r)[3]) {
-  if constexpr (requires { cache.page_size; }) {
-    r[0] = range_of(cache.last_page_len, "cache.last_page_len");
-    r[1] = range_of(cache.indptr, "cache.indptr");
-    r[2] = range_of(cache.indices, "cache.indices");
-  } else {
-    r[0] = range_of(cache.lengths, "cache.lengths");
-    r[1] = r[2] = byte_range{nullptr, 0, ""};
-  }
-}
-
-template <class View>
-void kv_ranges(const View& cache, byte_range (&r)[2]) {
-  if constexpr (requires { cache.page_size; }) {
-    r[0] = range_of(cache.k_pages, "cache.k_pages");
-    r[1] = range_of(cache.v_pages, "cache.v_pages");
-  } else {
-    r[0] = range_of(cache.k, "cache.k");
-    r[1] = range_of(cache.v, "cache.v");
-  }
-}
-
 // The selection compact and forget read: counts per sequence within
 // [0, length] and the stride, slots strictly ascending in [0, length), none
 // protected in this layer's state, and the state tracking every token.
@@ -189,62 +161,8 @@ void select(const Policy& policy, View cache, model_state<memory_space::host> mo
   detail::require(workspace.data() != nullptr, fn, "workspace", "must not be null");
   detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
                   "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
-  // The selection's spans.
-  const std::int32_t stride_need = max_evictions(shape.capacity, budget, m);
-  detail::require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
-                  shape.capacity, ", budget ", budget, ", m ", m, ") = ", stride_need, ", got ", selection.stride);
-  const auto batch = static_cast<std::size_t>(cache.batch);
-  const std::size_t entries = batch * static_cast<std::size_t>(selection.stride);
-  detail::require(selection.counts.size() == batch && (batch == 0 || selection.counts.data() != nullptr), fn,
-                  "selection.counts", "must hold batch = ", batch, " entries (non-null), got ",
-                  selection.counts.size());
-  detail::require(selection.slots.size() >= entries && (entries == 0 || selection.slots.data() != nullptr), fn,
-                  "selection.slots", "must hold batch * stride = ", entries, " entries (non-null), got ",
-                  selection.slots.size());
-  detail::require(selection.cache_slots.empty() ||
-                      (selection.cache_slots.size() >= entries && selection.cache_slots.data() != nullptr),
-                  fn, "selection.cache_slots", "must be empty or hold batch * stride = ", entries,
-                  " entries (non-null), got ", selection.cache_slots.size());
-  if constexpr (paged)
-    detail::require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX,
-                    fn, "selection.cache_slots", "are int32: num_pages * page_size = ",
-                    std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
-  detail::require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
-                  "must not be null when its size is ", pinned_prefix.size());
-  detail::require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
-                  "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
-  {
-    // Outputs must not overlap anything the call reads, nor each other.
-    // (validate_output checks out.* against the cache, layer 0 and the
-    // workspace; the whole model and the other outputs are checked here.)
-    detail::validate_output(fn, cache, model.first, selection.out, {workspace.data(), workspace.size(), "workspace"},
-                            "selection.out.new_lengths", "selection.out.freed_pages");
-    detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model),
-                                     {workspace.data(), need, "workspace"});
-    detail::byte_range table[3];
-    detail::table_ranges(cache, table);
-    const detail::byte_range inputs[] = {table[0],
-                                 table[1],
-                                 table[2],
-                                 detail::range_of(model.first.state_rows, "state.state_rows"),
-                                 detail::model_range(model),
-                                 {workspace.data(), workspace.size(), "workspace"},
-                                 detail::range_of(pinned_prefix, "pinned_prefix")};
-    const detail::byte_range outputs[] = {detail::range_of(selection.counts, "selection.counts"),
-                                  {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
-                                  {selection.cache_slots.data(),
-                                   selection.cache_slots.empty() ? 0 : entries * sizeof(std::int32_t),
-                                   "selection.cache_slots"},
-                                  detail::range_of(selection.out.new_lengths, "selection.out.new_lengths"),
-                                  detail::range_of(selection.out.freed_pages, "selection.out.freed_pages")};
-    for (std::size_t i = 0; i < std::size(outputs); ++i) {
-      for (const detail::byte_range& in : inputs)
-        detail::require(!detail::overlaps(outputs[i], in), fn, outputs[i].name, "must not overlap ", in.name);
-      for (std::size_t j = 0; j < i; ++j)
-        detail::require(!detail::overlaps(outputs[i], outputs[j]), fn, outputs[i].name, "must not overlap ",
-                        outputs[j].name);
-    }
-  }
+  detail::validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
+                                    {workspace.data(), need, "workspace"});
   // Every sequence that triggers: every layer tracks all its tokens, at the
   // same positions in every head and layer, and enough of them are neither
   // protected nor pinned.
