@@ -61,7 +61,8 @@ inline void validate_layers(const char* fn, std::int32_t layers, std::size_t lay
 
 // Bytes of a model state: `layers` layer states of this shape.
 inline std::size_t model_state_bytes(const state_shape& shape, std::int32_t layers) {
-  const std::size_t per_layer = state_bytes(shape);
+  detail::validate_state_shape("model_state_bytes", shape);
+  const std::size_t per_layer = detail::offsets_of(shape).total;
   detail::validate_layers("model_state_bytes", layers, per_layer);
   return per_layer * static_cast<std::size_t>(layers);
 }
@@ -72,7 +73,11 @@ inline std::size_t model_state_bytes(const state_shape& shape, std::int32_t laye
 template <memory_space Space>
 model_state<Space> make_model_state(span<std::byte, Space> buffer, const state_shape& shape, std::int32_t layers) {
   const char* fn = "make_model_state";
-  const std::size_t per_layer = state_bytes(shape);
+  detail::validate_state_shape(fn, shape);
+  detail::require(buffer.data() != nullptr, fn, "buffer", "must not be null");
+  detail::require(reinterpret_cast<std::uintptr_t>(buffer.data()) % detail::state_alignment == 0, fn, "buffer",
+                  "must be aligned to ", detail::state_alignment, " bytes");
+  const std::size_t per_layer = detail::offsets_of(shape).total;
   detail::validate_layers(fn, layers, per_layer);
   const std::size_t total = per_layer * static_cast<std::size_t>(layers);
   detail::require(buffer.size() >= total, fn, "buffer", "holds ", buffer.size(),

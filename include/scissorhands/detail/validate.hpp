@@ -234,6 +234,10 @@ void validate_selection_output(const char* fn, const View& cache, const model_st
   validate_output(fn, cache, model.first, selection.out, workspace, "selection.out.new_lengths",
                   "selection.out.freed_pages");
   validate_workspace_apart(fn, cache, model.first.state_rows, model_range(model), workspace);
+  // select reads pinned_prefix again per sequence after writing the
+  // workspace for the ones before.
+  require(!overlaps(workspace, range_of(pinned_prefix, "pinned_prefix")), fn, workspace.name,
+          "must not overlap pinned_prefix (the call writes its workspace while reading it)");
   byte_range table[3];
   table_ranges(cache, table);
   const byte_range inputs[] = {table[0],
