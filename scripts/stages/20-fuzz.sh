@@ -29,4 +29,4 @@ if ! "$build/fuzz_host" -seed=1 -max_total_time="$seconds" -timeout=10 -rss_limi
   echo "fuzz: FAILED; the input is in $crashes/ (reproduce: $build/fuzz_host <file>)"
   exit 1
 fi
-grep -E '^#[0-9]+ +(INITED|DONE)|^stat::' "$log"
+grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::' "$log"
