@@ -107,6 +107,8 @@ struct config {
   bool token_major = false;  // uniform lse: token-major instead of head-major
   bool tight_state = false;  // state capacity below the cache's
   std::uint32_t seed = 0;
+  int pool_width = 1;     // SnapKV pooling (preserve_order only)
+  bool pool_max = false;  // max pooling, else mean
 
   std::string describe() const {
     static const char* dtypes[] = {"fp32", "fp16", "bf16"};
@@ -116,12 +118,13 @@ struct config {
     std::snprintf(buf, sizeof buf,
                   "config %d: %s %s%s %s via %s%s%s, batch %d%s, kv_heads %d, group %d, head_dim %d, capacity %d%s, "
                   "page %d, budget %d, m %d, recent %d, sinks %d, window %d, alpha %g, decay %g, normalize %d, "
-                  "%s, steps %d, seed %u",
+                  "%s, pool %d %s, steps %d, seed %u",
                   index, dtypes[dtype], layouts[layout], v_other_layout ? " (V other)" : "", policy_names[policy],
                   paths[path], ragged ? " ragged" : "", token_major ? " token-major lse" : "", batch,
                   mapped ? " (state rows)" : "", kv_heads, group, head_dim, capacity,
                   tight_state ? " (tight state)" : "", page_size, budget, m, recent, sinks, window, alpha, decay,
-                  normalize, preserve_order ? "preserve_order" : "fill_holes", steps, seed);
+                  normalize, preserve_order ? "preserve_order" : "fill_holes", pool_width, pool_max ? "max" : "mean",
+                  steps, seed);
     return buf;
   }
 };
@@ -173,6 +176,10 @@ config make_config(std::mt19937_64& rng, int index, bool quick) {
   c.tight_state = coin(rng, 0.3);
   c.steps = long_head ? 2 : uniform(rng, 2, 5);
   c.seed = static_cast<std::uint32_t>(rng());
+  if (c.preserve_order && coin(rng, 0.4)) {
+    c.pool_width = pick(rng, {3, 5, 9});
+    c.pool_max = coin(rng);
+  }
   return c;
 }
 
@@ -283,6 +290,8 @@ bool run_case(const config& c, mismatch_log& log) {
   s.normalize = c.normalize;
   s.compaction_mode = c.preserve_order ? sh::compaction::preserve_order : sh::compaction::fill_holes;
   s.seed = c.seed;
+  s.pool_width = c.pool_width;
+  s.pool_mode = c.pool_max ? sh::pooling::max : sh::pooling::mean;
   constexpr bool attention = Policy::observation::needs_attention;
   std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 17);
 

@@ -97,6 +97,8 @@ struct config {
   bool normalize = false, preserve_order = false, ties = false, pinned = false, mapped = false;
   bool cache_slots = true, freed_for_contiguous = false, tight_state = false;
   std::uint32_t seed = 0;
+  int pool_width = 1;     // SnapKV pooling (preserve_order only)
+  bool pool_max = false;  // max pooling, else mean
 
   std::string describe() const {
     static const char* dtypes[] = {"fp32", "fp16"};
@@ -105,13 +107,13 @@ struct config {
     std::snprintf(buf, sizeof buf,
                   "config %d: %s %s %s %s%s, batch %d%s, layers %d, kv_heads %d, group %d, head_dim %d, "
                   "capacity %d%s, page %d, budget %d, m %d, recent %d, sinks %d, window %d, alpha %g, decay %g, "
-                  "normalize %d, %s, ties %d, pinned %d, cache_slots %d, stride +%d, steps %d, seed %u",
+                  "normalize %d, %s, ties %d, pinned %d, cache_slots %d, stride +%d, pool %d %s, steps %d, seed %u",
                   index, dtypes[dtype], layouts[layout], policy_names[policy], granularity_names[granularity],
                   granularity >= 2 ? (forget ? " via forget" : " via compact") : "", batch,
                   mapped ? " (state rows)" : "", layers, kv_heads, group, head_dim, capacity,
                   tight_state ? " (tight state)" : "", page_size, budget, m, recent, sinks, window, alpha, decay,
                   normalize, preserve_order ? "preserve_order" : "fill_holes", ties, pinned, cache_slots,
-                  stride_extra, steps, seed);
+                  stride_extra, pool_width, pool_max ? "max" : "mean", steps, seed);
     return buf;
   }
 };
@@ -152,6 +154,10 @@ config make_config(std::mt19937_64& rng, int index, bool quick) {
   c.stride_extra = uniform(rng, 0, 2);
   c.steps = long_seq ? 2 : uniform(rng, 2, 6);
   c.seed = static_cast<std::uint32_t>(rng());
+  if (c.preserve_order && coin(rng, 0.4)) {
+    c.pool_width = pick(rng, {3, 5, 9});
+    c.pool_max = coin(rng);
+  }
   return c;
 }
 
@@ -231,6 +237,8 @@ bool run_case(const config& c, mismatch_log& log) {
   s.normalize = c.normalize;
   s.compaction_mode = c.preserve_order ? sh::compaction::preserve_order : sh::compaction::fill_holes;
   s.seed = c.seed;
+  s.pool_width = c.pool_width;
+  s.pool_mode = c.pool_max ? sh::pooling::max : sh::pooling::mean;
   std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 29);
 
   const int B = c.batch, L = c.layers, H = c.kv_heads, D = c.head_dim, QH = H * c.group, P = c.page_size;

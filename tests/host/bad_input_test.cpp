@@ -296,6 +296,22 @@ TEST_CASE("bad input: unknown compaction mode", "[bad_input]") {
   check_refused(f, "host::compress", "settings.compaction_mode", [&] { compress_with(f, f.view(), 10); });
 }
 
+TEST_CASE("bad input: pooling width even, out of range, or with fill_holes; unknown pooling mode", "[bad_input]") {
+  contiguous_fixture f;
+  f.policy.config.compaction_mode = sh::compaction::preserve_order;
+  for (std::int32_t width : {0, -3, 2, 4, 257, 1001}) {
+    f.policy.config.pool_width = width;
+    check_refused(f, "host::compress", "settings.pool_width", [&] { compress_with(f, f.view(), 10); });
+    check_refused(f, "host::observe_probabilities", "settings.pool_width", [&] { observe_with(f, f.view()); });
+  }
+  f.policy.config.pool_width = 5;
+  f.policy.config.compaction_mode = sh::compaction::fill_holes;
+  check_refused(f, "host::compress", "settings.pool_width", [&] { compress_with(f, f.view(), 10); });
+  f.policy.config.compaction_mode = sh::compaction::preserve_order;
+  f.policy.config.pool_mode = static_cast<sh::pooling>(9);
+  check_refused(f, "host::compress", "settings.pool_mode", [&] { compress_with(f, f.view(), 10); });
+}
+
 // ---------------------------------------------------------------------------
 // Zero or mismatched sizes.
 

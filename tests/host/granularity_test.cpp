@@ -31,9 +31,8 @@ float combined_score(std::vector<Oracle>& oracles, std::int32_t b, std::int32_t 
   for (std::size_t l = 0; l < oracles.size(); ++l) {
     float head_acc = HeadR::identity();
     for (std::int32_t h = 0; h < kv_heads; ++h) {
-      const auto* t = oracles[l].find(b, h, position);
-      REQUIRE(t != nullptr);
-      const float s = oracles[l].eviction_score(*t);
+      REQUIRE(oracles[l].find(b, h, position) != nullptr);
+      const float s = oracles[l].ranked_score(b, h, position);
       if constexpr (std::is_same_v<HeadR, sh::max_score>)
         head_acc = (head_acc != head_acc || s != s) ? NAN : std::max(head_acc, s);
       else
@@ -60,6 +59,8 @@ struct scenario {
   sh::compaction mode = sh::compaction::fill_holes;
   apply_mode apply = apply_mode::compact;
   std::uint64_t seed = 1;
+  std::int32_t pool_width = 1;  // > 1 needs preserve_order
+  sh::pooling pool_mode = sh::pooling::mean;
 };
 
 // Finds the layer reduction of a granularity (mean for shared_heads).
@@ -347,6 +348,8 @@ Policy configured(const scenario& sc, std::int32_t recent = 3) {
   p.config.recent = recent;
   p.config.evict_count = 2;
   p.config.compaction_mode = sc.mode;
+  p.config.pool_width = sc.pool_width;
+  p.config.pool_mode = sc.pool_mode;
   if constexpr (std::is_same_v<typename Policy::history, sh::sliding_window>) p.config.window = 6;
   return p;
 }
@@ -446,6 +449,32 @@ TEST_CASE("shared_layers: select + forget for a slot-list engine (page size 1) m
     run_paged<at<sh::scissorhands_policy, sh::shared_layers<>>>(sc);
     run_paged<at<mass_decay, sh::shared_layers<sh::max_score>>>(sc);
   }
+}
+
+TEST_CASE("pooling (SnapKV): every granularity ranks by the pooled score the oracle computes", "[granularity]") {
+  for (auto pool_mode : {sh::pooling::mean, sh::pooling::max})
+    for (std::int32_t width : {3, 5}) {
+      scenario sc;
+      sc.mode = sh::compaction::preserve_order;
+      sc.pool_width = width;
+      sc.pool_mode = pool_mode;
+      sc.seed = 40 + static_cast<std::uint64_t>(width);
+      sc.layers = 1;
+      sc.kv_heads = 3;
+      sc.apply = apply_mode::compress_layer;
+      sc.chunk = 3;
+      run_contiguous<at<sh::h2o_policy, sh::shared_heads<>>>(sc);
+      run_contiguous<at<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>>(sc);
+      sc.layers = 3;
+      sc.apply = apply_mode::compact;
+      sc.pinned = 4;
+      run_contiguous<at<sh::h2o_policy, sh::shared_layers<>>>(sc);
+      sc.page_size = 4;
+      run_paged<at<indicator_window, sh::shared_layers<sh::max_score, sh::mean_score>>>(sc);
+      sc.page_size = 1;
+      sc.apply = apply_mode::forget;
+      run_paged<at<sh::scissorhands_policy, sh::shared_layers<>>>(sc);
+    }
 }
 
 namespace {

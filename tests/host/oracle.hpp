@@ -116,6 +116,30 @@ class oracle {
     return std::is_same_v<observation, sh::unimportant_indicator> ? -v : v;
   }
 
+  // The score compress ranks the token at `position` of (b, h) by: its
+  // eviction_score, or with pooling (pool_width > 1) the max or mean of
+  // the eviction scores of the held tokens nearest in position, up to h =
+  // (pool_width - 1) / 2 on each side (fewer at the ends of the sequence).
+  float ranked_score(std::int32_t b, std::int32_t h, std::int32_t position) {
+    std::vector<const token*> held;
+    for (const auto& t : tokens(b, h)) held.push_back(&t);
+    std::sort(held.begin(), held.end(), [](const token* x, const token* y) { return x->position < y->position; });
+    std::size_t at = 0;
+    while (held[at]->position != position) ++at;
+    if (cfg_.pool_width <= 1) return eviction_score(*held[at]);
+    const auto half = static_cast<std::size_t>(cfg_.pool_width / 2);
+    const std::size_t first = at >= half ? at - half : 0, last = std::min(held.size() - 1, at + half);
+    float out = eviction_score(*held[first]);
+    for (std::size_t i = first + 1; i <= last; ++i) {
+      const float v = eviction_score(*held[i]);
+      if (cfg_.pool_mode == sh::pooling::max)
+        out = (out != out || v != v) ? NAN : std::max(out, v);
+      else
+        out += v;
+    }
+    return cfg_.pool_mode == sh::pooling::max ? out : out / static_cast<float>(last - first + 1);
+  }
+
   // When sequence b holds `budget` tokens or more, evicts len - budget + m
   // unprotected tokens per head by a full sort on (score, position).
   // Returns the evicted positions per head (empty when not triggered).
@@ -127,10 +151,14 @@ class oracle {
     for (std::int32_t h = 0; h < kv_heads_; ++h) {
       auto& list = tokens(b, h);
       std::vector<const token*> order;
+      std::map<std::int32_t, float> ranked;  // position -> ranked_score
       for (const auto& t : list)
-        if (!is_protected(b, t.position)) order.push_back(&t);
+        if (!is_protected(b, t.position)) {
+          order.push_back(&t);
+          ranked[t.position] = ranked_score(b, h, t.position);
+        }
       std::sort(order.begin(), order.end(), [&](const token* x, const token* y) {
-        const float sx = eviction_score(*x), sy = eviction_score(*y);
+        const float sx = ranked[x->position], sy = ranked[y->position];
         if (sx != sy) return sx < sy;
         return x->position < y->position;
       });

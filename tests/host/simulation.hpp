@@ -58,6 +58,7 @@ struct sim_spec {
       << ", r " << config.recent << ", s " << config.sinks << ", w " << config.window << ", alpha " << config.alpha
       << ", decay " << config.decay << ", normalize " << config.normalize << ", "
       << (config.compaction_mode == sh::compaction::fill_holes ? "fill_holes" : "preserve_order")
+      << ", pool " << config.pool_width << (config.pool_mode == sh::pooling::max ? " max" : " mean")
       << (quantized ? ", quantized" : "") << ", seed " << seed;
     return s.str();
   }

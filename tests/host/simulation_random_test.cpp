@@ -51,6 +51,12 @@ sim_spec random_spec(std::uint64_t seed) {
   for (std::int32_t b = 0; b < batch; ++b) s.prefill.push_back(s.prefill_q + r(2 * s.budget));
   // Enough calls for every sequence to reach the budget and evict a few times.
   s.calls = s.budget + 6 + r(15);
+  // Pooling (SnapKV) needs slot order = position order: preserve_order only.
+  // Drawn last, so the earlier draws (and configurations) stay as they were.
+  if (s.config.compaction_mode == sh::compaction::preserve_order) {
+    s.config.pool_width = r.pick(std::array{1, 1, 3, 5, 9});
+    s.config.pool_mode = r(2) == 1 ? sh::pooling::max : sh::pooling::mean;
+  }
   return s;
 }
 

@@ -59,6 +59,7 @@ struct [[nodiscard]] error {
 // ---- policy settings (mirror of scissorhands::settings) --------------------
 
 enum class compaction { fill_holes, preserve_order };
+enum class pooling { max, mean };
 
 struct settings {
   std::int32_t window = 400;     // w: steps a sliding_window history remembers
@@ -70,6 +71,8 @@ struct settings {
   bool normalize = false;        // divide a score by the steps the token was observed
   compaction compaction_mode = compaction::fill_holes;
   std::uint32_t seed = 0;  // random_score
+  std::int32_t pool_width = 1;  // odd, 1 = off; > 1 needs preserve_order (SnapKV pooling)
+  pooling pool_mode = pooling::mean;
 };
 
 // ---- caches -----------------------------------------------------------------

@@ -37,6 +37,8 @@ static_assert(sizeof(settings) == sizeof(scissorhands::settings),
 static_assert(static_cast<int>(compaction::fill_holes) == static_cast<int>(scissorhands::compaction::fill_holes) &&
               static_cast<int>(compaction::preserve_order) ==
                   static_cast<int>(scissorhands::compaction::preserve_order));
+static_assert(static_cast<int>(pooling::max) == static_cast<int>(scissorhands::pooling::max) &&
+              static_cast<int>(pooling::mean) == static_cast<int>(scissorhands::pooling::mean));
 static_assert(length_after_compress(12, 10, 3) == scissorhands::length_after_compress(12, 10, 3) &&
               length_after_compress(9, 10, 3) == scissorhands::length_after_compress(9, 10, 3) &&
               state_capacity_for(64, 8) == scissorhands::state_capacity_for(64, 8));
@@ -79,6 +81,8 @@ Policy policy_of(const settings& s) {
   p.config.normalize = s.normalize;
   p.config.compaction_mode = static_cast<scissorhands::compaction>(s.compaction_mode);
   p.config.seed = s.seed;
+  p.config.pool_width = s.pool_width;
+  p.config.pool_mode = static_cast<scissorhands::pooling>(s.pool_mode);
   return p;
 }
 

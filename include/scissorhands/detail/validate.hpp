@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "../compress_output.hpp"
+#include "eviction_key.hpp"
 #include "../error.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
@@ -32,6 +33,14 @@ void validate_settings(const char* fn, const Policy& policy) {
   require(s.compaction_mode == compaction::fill_holes || s.compaction_mode == compaction::preserve_order, fn,
           "settings.compaction_mode", "must be fill_holes or preserve_order, got ",
           static_cast<int>(s.compaction_mode));
+  require(s.pool_width >= 1 && s.pool_width <= max_pool_width && s.pool_width % 2 == 1, fn, "settings.pool_width",
+          "must be odd and in [1, ", max_pool_width, "] (1 = no pooling), got ", s.pool_width);
+  require(s.pool_mode == pooling::max || s.pool_mode == pooling::mean, fn, "settings.pool_mode",
+          "must be pooling::max or pooling::mean, got ", static_cast<int>(s.pool_mode));
+  require(s.pool_width == 1 || s.compaction_mode == compaction::preserve_order, fn, "settings.pool_width",
+          "> 1 pools each token with its neighbouring slots, which hold its neighbouring positions only when "
+          "compaction keeps insertion order: set settings.compaction_mode = compaction::preserve_order (got pool_width ",
+          s.pool_width, " with fill_holes)");
 }
 
 template <class Policy>

@@ -124,13 +124,14 @@ void compress(const Policy& policy, View cache, eviction_state<memory_space::hos
     } else {
       for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
         std::int32_t count = 0;
+        const std::int64_t base = state.row_index(r, h, 0);
         for (std::int32_t t = 0; t < len; ++t) {
-          const std::int64_t i = state.row_index(r, h, t);
+          const std::int64_t i = base + t;
           if (detail::is_protected(policy, state, r, i)) continue;
           scratch.candidates[count++] = {
               scissorhands::detail::eviction_key(
-                  scissorhands::detail::eviction_score(state.scores[i], state.observed[i], cfg,
-                                                       evicts_highest<typename Policy::observation>),
+                  scissorhands::detail::pooled_eviction_score(state.scores + base, state.observed + base, t, len,
+                                                              cfg, evicts_highest<typename Policy::observation>),
                   state.positions[i]),
               t};
         }

@@ -49,6 +49,17 @@ using h2o_policy = eviction_policy<attention_mass, unbounded_history>;
 struct tova_policy : eviction_policy<attention_mass, sliding_window> {
   constexpr tova_policy() { config.window = 1; }
 };
+// SnapKV: the attention mass the prompt's last queries (its observation
+// window: the engine observes only those) gave each token, pooled over 5
+// neighbouring tokens (mean, as SnapKV's reference code), keeping insertion
+// order so that slots are neighbours in position; r = 32 keeps the
+// observation window itself (set it to the window the engine observes).
+struct snapkv_policy : eviction_policy<attention_mass, unbounded_history> {
+  constexpr snapkv_policy() {
+    config.recent = 32, config.pool_width = 5, config.pool_mode = pooling::mean;
+    config.compaction_mode = compaction::preserve_order;
+  }
+};
 // StreamingLLM: sinks + most recent tokens (set settings.sinks).
 using streaming_policy = eviction_policy<recency, unbounded_history>;
 // The floor: evict uniformly at random (seeded, deterministic).

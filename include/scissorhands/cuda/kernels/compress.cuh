@@ -106,11 +106,12 @@ struct key_of_slot {
   const float* scores;
   const float* observed;
   std::int32_t next_position;
+  std::int32_t length;  // the row's length (pooling reads neighbours up to it)
   __device__ std::uint64_t operator()(std::int32_t t) const {
     const std::int32_t position = positions[t];
     if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
     return scissorhands::detail::eviction_key(
-        scissorhands::detail::eviction_score(scores[t], observed[t], cfg, HighestFirst), position);
+        scissorhands::detail::pooled_eviction_score(scores, observed, t, length, cfg, HighestFirst), position);
   }
 };
 
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(select_traits::threads)
 
   const std::int64_t base = state.row_index(r, h, 0);
   const key_of_slot<Protector, HighestFirst> from_state{cfg, state.positions + base, state.scores + base, state.observed + base,
-                                          seq.next_position};
+                                          seq.next_position, len};
   std::int32_t* out = ws.list(b, h);
   if (e == 1) {
     // m = 1 at the budget, the decode steady state: an argmin, one pass.

@@ -50,7 +50,8 @@ namespace scissorhands::cuda::detail {
 // holds another one at slot t.
 template <class Granularity, bool HighestFirst>
 __device__ inline float combined_score(const settings& cfg, const model_state<memory_space::device>& model,
-                                       std::int32_t r, std::int32_t t, std::int32_t position, bool& mismatch) {
+                                       std::int32_t r, std::int32_t t, std::int32_t length, std::int32_t position,
+                                       bool& mismatch) {
   using Heads = typename Granularity::head_reduction;
   constexpr bool over_layers = Granularity::kind == granularity_kind::shared_layers;
   const std::int32_t heads = model.first.shape.kv_heads;
@@ -62,8 +63,9 @@ __device__ inline float combined_score(const settings& cfg, const model_state<me
     for (std::int32_t h = 0; h < heads; ++h) {
       const std::int64_t i = s.row_index(r, h, t);
       if (s.positions[i] != position) mismatch = true;
-      head_acc = Heads::combine(head_acc,
-                                scissorhands::detail::eviction_score(s.scores[i], s.observed[i], cfg, HighestFirst));
+      const std::int64_t row = s.row_index(r, h, 0);
+      head_acc = Heads::combine(head_acc, scissorhands::detail::pooled_eviction_score(
+                                              s.scores + row, s.observed + row, t, length, cfg, HighestFirst));
     }
     if constexpr (over_layers)
       layer_acc = Granularity::layer_reduction::combine(layer_acc, Heads::finish(head_acc, heads));
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   bool mismatch = false;
   const auto key_at = [&](std::int32_t t) -> std::uint64_t {
     const std::int32_t position = first.positions[base + t];
-    const float score = combined_score<Granularity, HighestFirst>(cfg, model, r, t, position, mismatch);
+    const float score = combined_score<Granularity, HighestFirst>(cfg, model, r, t, len, position, mismatch);
     if (t < pinned || Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
     return scissorhands::detail::eviction_key(score, position);
   };

@@ -143,7 +143,12 @@ void combine_slot_scores(const Policy& policy, const model_state<memory_space::h
     for (std::int32_t h = 0; h < heads; ++h) {
       const float* __restrict score = s.scores + s.row_index(r, h, 0);
       const float* __restrict observed = s.observed + s.row_index(r, h, 0);
-      if (normalize) {
+      if (cfg.pool_width > 1) {
+        // Pooling reads each slot's neighbours: the plain per-slot function.
+        for (std::int32_t t = 0; t < len; ++t)
+          acc[t] = Heads::combine(acc[t], scissorhands::detail::pooled_eviction_score(score, observed, t, len, cfg,
+                                                                                      highest));
+      } else if (normalize) {
         for (std::int32_t t = 0; t < len; ++t) {
           // observed > 0 tested on the bits (positive, non-zero, not NaN),
           // an integer select the compiler vectorises without a branch.
