@@ -142,6 +142,9 @@ std::string policy_spec::describe() const {
   if (observation == observation_kind::random) o << " seed=" << config.seed;
   o << " norm=" << (config.normalize ? 1 : 0);
   if (config.compaction_mode == sh::compaction::preserve_order) o << " compaction=preserve_order";
+  if (config.pool_width > 1)
+    o << " pool=" << config.pool_width << (config.pool_mode == sh::pooling::max ? " poolmode=max" : " poolmode=mean");
+  if (observe_last > 0) o << " k=" << observe_last;
   if (!granularity.per_head()) o << " gran=" << granularity.name();
   return o.str();
 }
@@ -150,9 +153,12 @@ std::string policy_help() {
   return "presets: scissorhands (the library's scissorhands_policy), scissorhands-paper (unimportant_indicator +\n"
          "  sliding_window, raw counts: the paper's Compress), scissorhands-important (important_indicator +\n"
          "  sliding_window), h2o (attention_mass + unbounded), tova (attention_mass of the last step: sliding_window\n"
-         "  w=1), streaming (recency + 4 sinks), random (random_score), keynorm (key_norm), decay (attention_mass +\n"
-         "  exponential_decay); append :key=value,... with keys w r s m alpha decay norm gqa(mean|max) seed\n"
-         "  obs(important|unimportant|mass|keynorm|recency|random) hist(window|unbounded|decay) compaction(fill|order)\n"
+         "  w=1), snapkv (the library's snapkv_policy: attention_mass + unbounded, mean-pooled over 5 tokens,\n"
+         "  order kept; here r=10 and k=32), streaming (recency + 4 sinks), random (random_score), keynorm (key_norm),\n"
+         "  decay (attention_mass + exponential_decay); append :key=value,... with keys w r s m alpha decay norm\n"
+         "  gqa(mean|max) seed obs(important|unimportant|mass|keynorm|recency|random) hist(window|unbounded|decay)\n"
+         "  compaction(fill|order) pool (odd width, 1 = off; needs compaction=order) poolmode(mean|max)\n"
+         "  k (prefill protocol: observe only the last k prompt queries; 0 = the protocol's)\n"
          "  gran(head|heads-mean|heads-max|layers-mean|layers-max|layers-mean-max|layers-max-mean: see --granularity)\n"
          "  label; a spec at a granularity other than head is labelled preset/granularity (h2o/layers-max) unless\n"
          "  it gives a label";
@@ -184,6 +190,16 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     p.observation = observation_kind::mass;
     p.history = history_kind::window;
     p.config = tova.config;
+  } else if (preset == "snapkv") {
+    // The library's preset, with r = 10 as every preset here (the texts'
+    // smallest budgets are 16 tokens) and SnapKV's observation window of
+    // the last 32 prompt queries in the prefill protocol.
+    const sh::snapkv_policy snapkv;
+    p.observation = observation_kind::mass;
+    p.history = history_kind::unbounded;
+    p.config = snapkv.config;
+    p.config.recent = 10;
+    p.observe_last = 32;
   } else if (preset == "h2o") {
     p.observation = observation_kind::mass;
     p.history = history_kind::unbounded;
@@ -202,7 +218,7 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     p.history = history_kind::decay;
   } else {
     bad(text, "preset",
-        "must be one of scissorhands, scissorhands-paper, scissorhands-important, h2o, tova, streaming, random, "
+        "must be one of scissorhands, scissorhands-paper, scissorhands-important, h2o, tova, snapkv, streaming, random, "
         "keynorm, decay; got '" + preset + "'");
   }
   sh::settings& c = p.config;
@@ -235,6 +251,13 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     else if (key == "gqa") p.gqa = parse_gqa(text, v);
     else if (key == "seed") c.seed = static_cast<std::uint32_t>(parse_int(text, key, v, 0));
     else if (key == "label") p.label = v, labelled = true;
+    else if (key == "pool") c.pool_width = parse_int(text, key, v, 1);
+    else if (key == "k") p.observe_last = parse_int(text, key, v, 0);
+    else if (key == "poolmode") {
+      if (v == "mean") c.pool_mode = sh::pooling::mean;
+      else if (v == "max") c.pool_mode = sh::pooling::max;
+      else bad(text, key, "must be mean or max, got '" + v + "'");
+    }
     else if (key == "gran") p.granularity = parse_granularity(v, "policy '" + text + "': gran");
     else if (key == "compaction") {
       if (v == "fill") c.compaction_mode = sh::compaction::fill_holes;
@@ -254,7 +277,7 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
       else if (v == "decay") p.history = history_kind::decay;
       else bad(text, key, "must be window, unbounded or decay, got '" + v + "'");
     } else {
-      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction gran label");
+      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction pool poolmode k gran label");
     }
   }
   // A static score is given once and never updated: any history is moot, and

@@ -57,6 +57,10 @@ struct policy_spec {
   gqa_kind gqa = gqa_kind::mean;
   granularity_spec granularity{};
   scissorhands::settings config{};
+  // Prefill protocol: observe only the last k prompt queries (SnapKV's
+  // observation window), whatever the protocol says; 0: the protocol's k.
+  // The decode protocol observes every step's query and ignores it.
+  std::int32_t observe_last = 0;
 
   // "important_indicator+sliding_window w=400 r=10 s=0 m=1 alpha=1 gqa=mean norm=0"
   // (" gran=layers-mean" appended unless per_head).
@@ -75,11 +79,7 @@ struct policy_overrides {
   std::optional<granularity_spec> granularity;
 };
 
-// Parses "preset[:key=value,...]". Presets: scissorhands (threshold +
-// sliding window), h2o (attention mass + unbounded), streaming (recency +
-// unbounded, 4 sinks), random (random score), keynorm (key norm), tova-like
-// "decay" (attention mass + exponential decay). Keys: w r s m alpha decay
-// norm gqa seed obs hist compaction gran label. Throws std::invalid_argument
+// Parses "preset[:key=value,...]" (policy_help lists the presets and keys). Throws std::invalid_argument
 // naming the key and the accepted values. A spec at a granularity other
 // than head is labelled "preset/granularity" (e.g. "h2o/layers-max")
 // unless it gives a label.

@@ -105,6 +105,14 @@ void engine::set_policy(const policy_spec* spec, const std::vector<std::int32_t>
     throw std::invalid_argument("engine::set_policy: the prefill plan needs 1 <= prompt <= max_tokens = " +
                                 std::to_string(max_tokens_) + " and 0 <= observe_last <= prompt, got prompt " +
                                 std::to_string(plan->prompt) + ", observe_last " + std::to_string(plan->observe_last));
+  if (spec && plan && spec->observe_last > 0) {
+    // The policy's own observation window (SnapKV's k) wins over the protocol's.
+    if (spec->observe_last > plan->prompt)
+      throw std::invalid_argument("engine::set_policy: policy " + spec->label + " observes the last k = " +
+                                  std::to_string(spec->observe_last) + " prompt queries, more than the prompt P = " +
+                                  std::to_string(plan->prompt));
+    plan_->observe_last = spec->observe_last;
+  }
   if (spec) {
     if (budgets.size() != static_cast<std::size_t>(c.layers))
       throw std::invalid_argument("engine::set_policy: budgets must list " + std::to_string(c.layers) +

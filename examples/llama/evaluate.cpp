@@ -97,12 +97,13 @@ eval_text read_token_file(const std::string& path, std::int32_t vocab) {
 }
 
 std::vector<std::int32_t> allocate_budgets(std::int32_t budget, std::int32_t layers, allocator_kind kind,
-                                           double slope) {
+                                           double slope, const std::vector<double>& persistence) {
   const auto total = sh::total_budget::tokens_per_head(budget, layers);
   switch (kind) {
     case allocator_kind::uniform: return sh::allocate(sh::uniform_budget{}, total, layers);
     case allocator_kind::ramp: return sh::allocate(sh::ramp_budget{slope}, total, layers);
     case allocator_kind::pyramid: return sh::allocate(sh::pyramid_budget{slope}, total, layers);
+    case allocator_kind::persistence: return sh::allocate(sh::persistence_budget{persistence}, total, layers);
   }
   throw std::invalid_argument("allocate_budgets: unknown allocator");
 }
@@ -301,7 +302,7 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
     engine probe(m, plan ? std::max(longest, plan->prompt) : 2, options.layout);
     for (const auto& s : specs)
       for (auto b : budgets) {
-        job j{&s, b, allocate_budgets(b, m.config.layers, options.allocator, options.slope)};
+        job j{&s, b, allocate_budgets(b, m.config.layers, options.allocator, options.slope, options.persistence)};
         // A prefill whose every layer keeps B >= P evicts nothing: its NLL is
         // the full cache's, bit for bit (tests/llama checks it). Only run
         // when asked for by token count.

@@ -45,9 +45,11 @@ eval_text read_text_file(const std::string& path, const tokenizer& tok);
 eval_text read_token_file(const std::string& path, std::int32_t vocab);
 
 // How the budgets are split across layers: `budget` is the mean per layer.
-enum class allocator_kind { uniform, ramp, pyramid };
+// persistence: the library's persistence_budget over `persistence` (one
+// ratio per layer, measured beforehand).
+enum class allocator_kind { uniform, ramp, pyramid, persistence };
 std::vector<std::int32_t> allocate_budgets(std::int32_t budget, std::int32_t layers, allocator_kind kind,
-                                           double slope);
+                                           double slope, const std::vector<double>& persistence = {});
 
 // How a text is run (docs/llama.md):
 //  decode             one token per step, prompt included; the library observes
@@ -113,6 +115,7 @@ struct eval_options {
   observe_source source = observe_source::probabilities;
   allocator_kind allocator = allocator_kind::uniform;
   double slope = 0.5;
+  std::vector<double> persistence;  // allocator_kind::persistence: one ratio per layer
   std::int32_t threads = 1;
 };
 

@@ -51,6 +51,8 @@ struct policy_options {
   policy_overrides overrides;
   std::string allocator = "uniform";
   double slope = 0.5;
+  std::int32_t calibration = 8;
+  persistence_options calibration_options;
   bool normalize_flag = false;
   std::string gqa;
   std::string compaction;
@@ -90,9 +92,21 @@ void add_policy_options(CLI::App* app, policy_options& p) {
   app->add_option("--compaction", p.compaction, "fill (O(m) moves, default) or order (keeps slot order)")
       ->check(CLI::IsMember({"fill", "order"}));
   app->add_option("--allocator", p.allocator,
-                  "split of the budget across layers: uniform, ramp (later layers more), pyramid (a layers-* "
-                  "granularity needs uniform)")
-      ->check(CLI::IsMember({"uniform", "ramp", "pyramid"}));
+                  "split of the budget across layers: uniform, ramp (later layers more), pyramid, persistence "
+                  "(persistence_budget over each layer's persistence ratio, measured first on --calibration texts "
+                  "sampled apart from the evaluated ones), persistence-chance (the same over the ratio's excess "
+                  "above chance, (p - c) / (1 - c)); a layers-* granularity needs uniform")
+      ->check(CLI::IsMember({"uniform", "ramp", "pyramid", "persistence", "persistence-chance"}));
+  app->add_option("--calibration", p.calibration,
+                  "persistence allocators: texts sampled to measure persistence (seeds from --sample-seed + 1000, "
+                  "the evaluated texts' length)")
+      ->check(CLI::Range(1, 1000));
+  app->add_option("--calibration-min-age", p.calibration_options.min_age,
+                  "persistence allocators: the measurement's --min-age (0: the paper's definition)")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_option("--calibration-min-fraction", p.calibration_options.min_fraction,
+                  "persistence allocators: the measurement's --min-fraction (0: the paper's definition)")
+      ->check(CLI::Range(0.0, 1.0));
   app->add_option("--granularity", p.granularity,
                   "which tokens leave together, for every policy (a spec's gran= key wins): " + granularity_help() +
                       ". Labels gain /granularity (scissorhands/layers-max) unless head");
@@ -123,6 +137,7 @@ void check_granularity_allocator(const std::vector<policy_spec>& specs, const st
 allocator_kind allocator_of(const std::string& s) {
   if (s == "ramp") return allocator_kind::ramp;
   if (s == "pyramid") return allocator_kind::pyramid;
+  if (s.starts_with("persistence")) return allocator_kind::persistence;
   return allocator_kind::uniform;
 }
 
@@ -200,6 +215,34 @@ std::string fixed(double x, int digits) {
   o << std::fixed << std::setprecision(digits) << x;
   return o.str();
 }
+
+// The persistence allocators' input: each layer's persistence ratio (the
+// `persistence` subcommand's defaults, per KV head), measured on texts
+// sampled with seeds apart from the evaluated ones so that the split is not
+// fitted to the texts it is judged on; persistence-chance uses the excess
+// above chance, (p - c) / (1 - c) clipped to [0, 1]. Empty for the others.
+std::vector<double> calibrate_persistence(const model& m, const policy_options& p, const text_options& t,
+                                          std::int32_t length) {
+  if (!p.allocator.starts_with("persistence")) return {};
+  const std::uint64_t seed = t.sample_seed + 1000;
+  const auto texts = sample_texts(m, p.calibration, length, seed, t.sample_temperature, t.sample_top_p);
+  const auto layers = measure_persistence(m, texts, p.calibration_options);
+  const bool over_chance = p.allocator == "persistence-chance";
+  std::vector<double> ratios;
+  std::cout << "persistence per layer (" << p.calibration << " calibration texts of " << length << " tokens, seeds "
+            << seed << ".." << seed + static_cast<std::uint64_t>(p.calibration) - 1 << ", min-age "
+            << p.calibration_options.min_age << ", min-fraction " << p.calibration_options.min_fraction << "):";
+  for (const auto& l : layers) {
+    double r = l.ratio;
+    if (over_chance) r = l.chance < 1.0 ? std::clamp((l.ratio - l.chance) / (1.0 - l.chance), 0.0, 1.0) : 0.0;
+    ratios.push_back(r);
+    std::cout << " " << fixed(100 * l.ratio, 1) << "%";
+    if (over_chance) std::cout << " (chance " << fixed(100 * l.chance, 1) << "%, excess " << fixed(100 * r, 1) << "%)";
+  }
+  std::cout << "\n";
+  return ratios;
+}
+
 
 std::string kib(double bytes) { return fixed(bytes / 1024.0, 1) + " KiB"; }
 
@@ -476,7 +519,7 @@ int main(int argc, char** argv) {
   // the important-step count, H2O raw and normalised, TOVA, StreamingLLM and
   // random: what practitioners compare (docs/quality.md).
   std::vector<std::string> policies{"scissorhands", "scissorhands-paper", "scissorhands-important",
-                                    "h2o",          "h2o:norm=1,label=h2o-norm", "tova",
+                                    "h2o",          "h2o:norm=1,label=h2o-norm", "tova", "snapkv",
                                     "streaming",    "random"};
   // Fractions of the evaluated text length, so that models of different
   // contexts compare (500 tokens: B = 16, 31, 63, 125, 250).
@@ -557,7 +600,9 @@ int main(int argc, char** argv) {
       if (!full) {
         spec = parse_policy(gen_policy, gen_opts.overrides);
         check_granularity_allocator({spec}, gen_opts.allocator);
-        layer_budgets = allocate_budgets(gen_budget, m.config.layers, allocator_of(gen_opts.allocator), gen_opts.slope);
+        const auto ratios = calibrate_persistence(m, gen_opts, text_options{}, std::min(default_length, ctx.tokens));
+        layer_budgets =
+            allocate_budgets(gen_budget, m.config.layers, allocator_of(gen_opts.allocator), gen_opts.slope, ratios);
         e.set_policy(&spec, layer_budgets, source_of(common.observe));
       }
       std::vector<std::int32_t> tokens = l->tok ? l->tok->encode(prompt, true) : std::vector<std::int32_t>{1};
@@ -640,6 +685,7 @@ int main(int argc, char** argv) {
       o.source = source_of(common.observe);
       o.allocator = allocator_of(ev_opts.allocator);
       o.slope = ev_opts.slope;
+      o.persistence = calibrate_persistence(m, ev_opts, ev_texts, longest);
       o.threads = thread_count(common.threads);
       std::cout << "texts: " << what << "\n";
       std::cout << "budgets:";
