@@ -64,5 +64,11 @@ done
   head -1 "${csvs[0]}"
   for c in "${csvs[@]}"; do tail -n +2 "$c"; done
 } > results/llama_nll.csv
+# The README's summary table and docs/llama.md's per-model tables.
+if command -v python3 >/dev/null; then
+  python3 scripts/readme_table.py results/llama_nll.csv > results/readme_table.md
+  python3 scripts/readme_table.py --docs results/llama_nll.csv > results/llama_tables.md
+  cat results/readme_table.md
+fi
 echo
-echo "main.sh: ${#csvs[@]} model(s) in $((SECONDS - start)) s; results/llama_nll.csv holds every row, results/llama_nll_<model>.png the plots"
+echo "main.sh: ${#csvs[@]} model(s) in $((SECONDS - start)) s; results/llama_nll.csv holds every row, results/llama_nll_<model>.png the plots, results/readme_table.md the README's table"

@@ -117,12 +117,15 @@ def main():
         print("\n### Budget split across layers (same total)\n")
         for (model, protocol, policy), by in sorted(alloc.items()):
             fractions = sorted({f for row in by.values() for f in row if f in GOAL_FRACTIONS})
+            # Summed only where every allocator ran (a split that leaves a
+            # layer at or below r is skipped at that budget).
+            shared = [f for f in fractions if all(f in row for row in by.values())]
             print(f"\n{model}, {protocol}, {policy}:\n")
-            print("| allocator | " + " | ".join(f"{100 * f:.3g}%" for f in fractions) + " | sum |")
+            print("| allocator | " + " | ".join(f"{100 * f:.3g}%" for f in fractions) + " | sum where all ran |")
             print("|---|" + "---|" * (len(fractions) + 1))
             for name in [n for n in order if n in by] + [n for n in by if n not in order]:
                 row = by[name]
-                s = sum(100 * row[f] for f in fractions if f in row)
+                s = sum(100 * row[f] for f in shared)
                 print(f"| {name} | " + " | ".join(pct(row[f]) if f in row else "—" for f in fractions)
                       + f" | {s:.1f} |")
 

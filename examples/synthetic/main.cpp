@@ -260,10 +260,10 @@ std::unique_ptr<run_base> make_run(std::string name, Policy policy, std::int32_t
 
 std::vector<std::unique_ptr<run_base>> make_runs(std::int32_t budget, std::int32_t steps) {
   std::vector<std::unique_ptr<run_base>> runs;
-  sh::scissorhands_policy scissorhands;  // w = 400, r = 10, alpha = 1
+  sh::scissorhands_policy scissorhands;  // the measured default: w = 25, normalised, alpha = 2, r = 10
   runs.push_back(make_run("scissorhands", scissorhands, budget, steps));
-  scissorhands.config.normalize = true;
-  runs.push_back(make_run("scissorhands, normalised", scissorhands, budget, steps));
+  sh::scissorhands_paper_policy paper;  // w = 400, raw counts, alpha = 1, r = 10
+  runs.push_back(make_run("scissorhands-paper", paper, budget, steps));
   sh::h2o_policy h2o;
   runs.push_back(make_run("h2o", h2o, budget, steps));
   h2o.config.normalize = true;

@@ -144,14 +144,22 @@ void decode_settings_into(byte_source& src, sh::settings& c) {
   c.compaction_mode = src.flag() ? sh::compaction::preserve_order : sh::compaction::fill_holes;
   c.seed = src.word();
   if (src.rarely()) {
-    switch (src.in(0, 6)) {
+    switch (src.in(0, 8)) {
       case 0: c.window = garbage_int(src); break;
       case 1: c.recent = garbage_int(src); break;
       case 2: c.sinks = garbage_int(src); break;
       case 3: c.evict_count = garbage_int(src); break;
       case 4: c.alpha = special_value(src); break;
       case 5: c.decay = special_value(src); break;
-      default: c.compaction_mode = static_cast<sh::compaction>(garbage_int(src)); break;
+      case 6: c.compaction_mode = static_cast<sh::compaction>(garbage_int(src)); break;
+      case 7: {
+        // Only refused widths: the harness's oracles rank without pooling
+        // (pooling itself is checked against tests/host's oracle).
+        constexpr std::int32_t widths[] = {0, 2, -1, 256, 1000, INT32_MIN, INT32_MAX};
+        c.pool_width = widths[src.in(0, std::size(widths) - 1)];
+        break;
+      }
+      default: c.pool_mode = static_cast<sh::pooling>(garbage_int(src)); break;
     }
   }
 }
@@ -162,7 +170,8 @@ bool settings_valid(const sh::settings& c) {
   using Obs = typename Policy::observation;
   using Hist = typename Policy::history;
   bool ok = c.recent >= 0 && c.sinks >= 0 && c.evict_count >= 1 &&
-            (c.compaction_mode == sh::compaction::fill_holes || c.compaction_mode == sh::compaction::preserve_order);
+            (c.compaction_mode == sh::compaction::fill_holes || c.compaction_mode == sh::compaction::preserve_order) &&
+            c.pool_width == 1 && (c.pool_mode == sh::pooling::max || c.pool_mode == sh::pooling::mean);
   if (std::is_same_v<Hist, sh::sliding_window>) ok = ok && c.window >= 1;
   if (std::is_same_v<Obs, sh::important_indicator> || std::is_same_v<Obs, sh::unimportant_indicator>)
     ok = ok && std::isfinite(c.alpha) && c.alpha > 0.0f;

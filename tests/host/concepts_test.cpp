@@ -52,8 +52,11 @@ static_assert(!sh::composed_policy<sh::attention_mass>);
 static_assert(sh::settings{}.window == 400 && sh::settings{}.recent == 10 && sh::settings{}.sinks == 0);
 static_assert(sh::scissorhands_paper_policy{}.ring_words() == 13);
 static_assert(sh::important_count_policy{}.ring_words() == 13);
-// The measured default: w = 25 (one word), normalised, r = 10 (docs/quality.md).
-static_assert(sh::scissorhands_policy{}.ring_words() == 1 && sh::scissorhands_policy{}.config.normalize);
+// The measured default: w = 25 (one word), normalised, alpha = 2, r = 10 (docs/quality.md).
+static_assert(sh::scissorhands_policy{}.ring_words() == 1 && sh::scissorhands_policy{}.config.normalize &&
+              sh::scissorhands_policy{}.config.alpha == 2.0f && sh::scissorhands_policy{}.config.recent == 10);
+static_assert(sh::snapkv_policy{}.config.pool_width == 5 && sh::snapkv_policy{}.ring_words() == 0 &&
+              sh::snapkv_policy{}.config.compaction_mode == sh::compaction::preserve_order);
 static_assert(sh::tova_policy{}.config.window == 1 && sh::tova_policy{}.ring_words() == 1);
 static_assert(sh::eviction_policy<sh::attention_mass, sh::sliding_window>{}.ring_words() == 400);
 static_assert(sh::h2o_policy{}.ring_words() == 0);

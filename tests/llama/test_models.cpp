@@ -317,6 +317,65 @@ TEST_CASE("granularity: spellings, labels and the refusal of per-layer budgets a
   CHECK_NOTHROW(e.set_policy(&heads, allocate_budgets(24, m.config.layers, allocator_kind::ramp, 0.5)));
 }
 
+TEST_CASE("snapkv: the preset, the pool/poolmode/k keys, the policy's own observation window, refusals",
+          "[snapkv]") {
+  const policy_spec snap = parse_policy("snapkv");
+  CHECK(snap.config.pool_width == 5);
+  CHECK(snap.config.pool_mode == sh::pooling::mean);
+  CHECK(snap.config.compaction_mode == sh::compaction::preserve_order);
+  CHECK(snap.config.recent == 10);
+  CHECK(snap.observe_last == 32);
+  CHECK(snap.describe().find(" pool=5 poolmode=mean k=32") != std::string::npos);
+  const policy_spec mx = parse_policy("h2o:pool=3,poolmode=max,compaction=order,k=8");
+  CHECK(mx.config.pool_width == 3);
+  CHECK(mx.config.pool_mode == sh::pooling::max);
+  CHECK(mx.observe_last == 8);
+  CHECK_THROWS_WITH(parse_policy("h2o:poolmode=median"), Catch::Contains("poolmode must be mean or max"));
+  CHECK_THROWS_WITH(parse_policy("h2o:k=-1"), Catch::Contains("k"));
+
+  const model& m = loaded("stories260K").weights;
+  const auto texts = sample_texts(m, 2, 96, 41, 1.0f, 0.9f);
+  const std::vector<std::int32_t> budgets(static_cast<std::size_t>(m.config.layers), 20);
+  eval_options o;
+  protocol how;
+  how.type = protocol::kind::prefill;
+  how.prompt = 48;
+  // A policy's k wins over the protocol's: snapkv (k = 32) under prefill:48
+  // is bit for bit snapkv:k=0 under prefill:48:32, and differs from k = 0.
+  const policy_spec own = parse_policy("snapkv:k=0");
+  protocol last32 = how;
+  last32.observe_last = 32;
+  const run_result a = evaluate_nll(m, texts, &snap, budgets, o, how);
+  const run_result b = evaluate_nll(m, texts, &own, budgets, o, last32);
+  const run_result c = evaluate_nll(m, texts, &own, budgets, o, how);
+  CHECK(a.nll_sum == b.nll_sum);
+  CHECK(a.nll_sum != c.nll_sum);
+  // k beyond the prompt, and pooling with fill_holes, are refused by name.
+  protocol short_prompt = how;
+  short_prompt.prompt = 16;
+  CHECK_THROWS_WITH(evaluate_nll(m, texts, &snap, budgets, o, short_prompt),
+                    Catch::Contains("observes the last k = 32 prompt queries, more than the prompt P = 16"));
+  const policy_spec fill = parse_policy("h2o:pool=3");
+  CHECK_THROWS_WITH(evaluate_nll(m, texts, &fill, budgets, o, how), Catch::Contains("settings.pool_width"));
+  const policy_spec even = parse_policy("h2o:pool=4,compaction=order");
+  CHECK_THROWS_WITH(evaluate_nll(m, texts, &even, budgets, o, how), Catch::Contains("must be odd"));
+}
+
+TEST_CASE("allocators: persistence splits by 1 - ratio per layer, at the same total", "[allocator]") {
+  const auto b = allocate_budgets(24, 5, allocator_kind::persistence, 0.5, {0.9, 0.5, 0.5, 0.5, 0.1});
+  std::int32_t sum = 0;
+  for (auto x : b) sum += x;
+  CHECK(sum == 24 * 5);
+  CHECK(b[0] < b[1]);
+  CHECK(b[1] == b[2]);
+  CHECK(b[4] > b[3]);
+  // Equal ratios give the uniform split.
+  CHECK(allocate_budgets(24, 5, allocator_kind::persistence, 0.5, std::vector<double>(5, 0.99)) ==
+        allocate_budgets(24, 5, allocator_kind::uniform, 0.5));
+  CHECK_THROWS_WITH(allocate_budgets(24, 5, allocator_kind::persistence, 0.5, {0.5, 0.5}),
+                    Catch::Contains("persistence"));
+}
+
 TEST_CASE("granularity: heads share slots within a layer, layers-* across the model, both protocols", "[granularity]") {
   const model& m = loaded("stories260K").weights;
   const model_config& c = m.config;

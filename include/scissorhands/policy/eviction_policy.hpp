@@ -33,12 +33,16 @@ struct scissorhands_paper_policy : eviction_policy<unimportant_indicator, slidin
   constexpr scissorhands_paper_policy() { config.window = 400, config.recent = 10, config.normalize = false; }
 };
 // Scissorhands with the defaults this library measured best (docs/quality.md:
-// three TinyStories models, 500- and 256-token texts, 6-50% of the cache):
-// the paper's count of unimportant steps over a short window (w = 25),
-// divided by the steps observed, r = 10. The window is in steps: on longer
-// contexts than measured, scale it (the paper used 400 on OPT at 2048).
+// three TinyStories models, 500- and 256-token texts, 6-50% of the cache,
+// decode and prefill protocols): the paper's count of unimportant steps
+// over a short window (w = 25), a token unimportant below twice the uniform
+// average (alpha = 2), divided by the steps observed, r = 10. The window is
+// in steps: on longer contexts than measured, scale it (the paper used 400
+// on OPT at 2048).
 struct scissorhands_policy : eviction_policy<unimportant_indicator, sliding_window> {
-  constexpr scissorhands_policy() { config.window = 25, config.recent = 10, config.normalize = true; }
+  constexpr scissorhands_policy() {
+    config.window = 25, config.recent = 10, config.normalize = true, config.alpha = 2.0f;
+  }
 };
 // The important-step count (a >= alpha / n, lowest count evicted first):
 // ranks young tokens as unimportant; alike to the paper's with normalize.
