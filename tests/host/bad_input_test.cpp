@@ -296,7 +296,7 @@ TEST_CASE("bad input: unknown compaction mode", "[bad_input]") {
   check_refused(f, "host::compress", "settings.compaction_mode", [&] { compress_with(f, f.view(), 10); });
 }
 
-TEST_CASE("bad input: pooling width even, out of range, or with fill_holes; unknown pooling mode", "[bad_input]") {
+TEST_CASE("bad input: pooling width even, out of range, or with fill_holes, and an unknown pooling mode", "[bad_input]") {
   contiguous_fixture f;
   f.policy.config.compaction_mode = sh::compaction::preserve_order;
   for (std::int32_t width : {0, -3, 2, 4, 257, 1001}) {
