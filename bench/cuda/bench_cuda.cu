@@ -25,10 +25,16 @@
 // Timing: manual, with CUDA events around one call on a stream kept busy by
 // a short spin kernel while the host enqueues it, so the host's launch
 // overhead is not counted but the gaps between the call's own kernels are;
-// a fixed number of iterations (200; SCISSORHANDS_BENCH_ITERATIONS). The
-// reported time is the mean of those calls. Counters:
+// before each timed call (after its untimed preparation) a write of twice
+// the L2's size evicts the cache, so K, V, the state and the inputs come
+// from DRAM as they do in an engine's step (SCISSORHANDS_BENCH_WARM=1 skips
+// it); a fixed number of iterations (200; SCISSORHANDS_BENCH_ITERATIONS).
+// The reported time is the mean of those calls. Counters:
 //   us_per_call   the same mean, in microseconds;
-//   us_back_to_back  observe: mean of 20 calls issued back to back;
+//   us_back_to_back  observe: mean of 20 calls issued back to back, all
+//                 enqueued behind a spin kernel long enough that the host's
+//                 launches are done before the first runs (device-bound; L2
+//                 warm after the first);
 //   GBps          effective bandwidth: the bytes the call must move (reads +
 //                 writes, listed per benchmark) per second;
 //   pct_copy      GBps as a percentage of the copy bandwidth (a 512 MiB
@@ -203,6 +209,13 @@ struct layer {
 
 double g_copy_bandwidth = 0.0;  // bytes read + written per second
 long long g_spin_cycles = 0;
+std::byte* g_flush = nullptr;  // 2 x L2 bytes, written before each timed call
+std::size_t g_flush_bytes = 0;
+
+void flush_l2(cudaStream_t stream) {
+  static int value = 0;
+  if (g_flush_bytes > 0) CHECK(cudaMemsetAsync(g_flush, ++value & 0xFF, g_flush_bytes, stream));
+}
 int g_iterations = 200;  // SCISSORHANDS_BENCH_ITERATIONS overrides
 
 // Times `call` once per iteration between events, the stream kept busy by
@@ -217,6 +230,7 @@ double time_calls(benchmark::State& s, cudaStream_t stream, Prepare&& prepare, C
   std::int64_t calls = 0;
   for (auto _ : s) {
     prepare();
+    flush_l2(stream);
     spin<<<1, 1, 0, stream>>>(g_spin_cycles);
     CHECK(cudaEventRecord(start, stream));
     call();
@@ -239,7 +253,8 @@ double time_back_to_back(cudaStream_t stream, int calls, Call&& call) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  spin<<<1, 1, 0, stream>>>(g_spin_cycles * 4);
+  // ~60 us of spin per call: every launch is enqueued before the first runs.
+  spin<<<1, 1, 0, stream>>>(g_spin_cycles * 2 * calls);
   CHECK(cudaEventRecord(start, stream));
   for (int i = 0; i < calls; ++i) call();
   CHECK(cudaEventRecord(stop, stream));
@@ -403,6 +418,12 @@ int main(int argc, char** argv) {
   g_spin_cycles = static_cast<long long>(clock_khz) * 30 / 1000;  // ~30 us
   if (const char* it = std::getenv("SCISSORHANDS_BENCH_ITERATIONS")) g_iterations = std::max(1, std::atoi(it));
   g_copy_bandwidth = measure_copy_bandwidth();
+  const char* warm = std::getenv("SCISSORHANDS_BENCH_WARM");
+  if (!(warm && std::string(warm) == "1")) {
+    g_flush_bytes = 2 * static_cast<std::size_t>(std::max(prop.l2CacheSize, 1 << 20));
+    CHECK(cudaMalloc(&g_flush, g_flush_bytes));
+  }
+  benchmark::AddCustomContext("l2_flush_bytes", std::to_string(g_flush_bytes));
   std::printf("device: %s (sm_%d%d, %d SMs); copy bandwidth (read + write): %.0f GB/s\n", prop.name, prop.major,
               prop.minor, prop.multiProcessorCount, g_copy_bandwidth * 1e-9);
   benchmark::AddCustomContext("device", prop.name);

@@ -1,5 +1,5 @@
 #pragma once
-// Part of differential.cu (one translation unit keeps nvcc time down):
+// Part of differential.cu (its main translation unit):
 // the device-side error checks, cuda::shrink_page_table, and the CUDA graph
 // test.
 #include <algorithm>

@@ -29,7 +29,9 @@
 //                 and replayed, against the host.
 //
 // Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
-//                                           [--only differential,errors,graph] [--quick]
+//                                           [--only differential,errors,graph] [--quick] [--long N]
+// --long N makes the first N configurations long sequences (> 4096 slots:
+// selection beyond the shared-memory tile), --quick or not.
 // Exit status: 0 all passed, 1 a failure, 77 no CUDA device.
 #include <algorithm>
 #include <cmath>
@@ -118,7 +120,7 @@ struct config {
   }
 };
 
-config make_config(std::mt19937_64& rng, int index, bool quick) {
+config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) {
   config c;
   c.index = index;
   c.dtype = uniform(rng, 0, 1);
@@ -127,7 +129,7 @@ config make_config(std::mt19937_64& rng, int index, bool quick) {
   c.granularity = uniform(rng, 0, num_granularities - 1);
   c.forget = coin(rng, 0.35);
   // One in 16 has a sequence longer than the selection's shared-memory tile.
-  const bool long_seq = !quick && index % 16 == 7;
+  const bool long_seq = index < long_first || (!quick && index % 16 == 7);
   c.batch = long_seq ? 1 : uniform(rng, 1, 5);
   c.layers = long_seq ? 2 : uniform(rng, 1, 4);
   c.kv_heads = long_seq ? 1 : uniform(rng, 1, 3);
@@ -651,12 +653,12 @@ bool run_config(const config& c, mismatch_log& log) {
   }
 }
 
-int run_differential(int configs, std::uint64_t seed, bool quick) {
+int run_differential(int configs, std::uint64_t seed, bool quick, int long_first) {
   std::mt19937_64 rng(seed);
   int failed = 0;
   int by_granularity[num_granularities] = {}, by_layout[4] = {}, forgets = 0, pinned = 0, mapped = 0;
   for (int i = 0; i < configs; ++i) {
-    const config c = make_config(rng, i, quick);
+    const config c = make_config(rng, i, quick, long_first);
     mismatch_log log;
     if (!run_config(c, log)) {
       if (++failed <= 10) std::printf("FAIL %s\n%s", c.describe().c_str(), log.text.str().c_str());
@@ -1409,7 +1411,7 @@ int run_graph_test() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int configs = 600;
+  int configs = 600, long_first = 0;
   std::uint64_t seed = 20230517;
   std::string only;
   bool quick = false;
@@ -1426,8 +1428,9 @@ int main(int argc, char** argv) {
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--only") only = next();
     else if (a == "--quick") quick = true;
+    else if (a == "--long") long_first = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph] [--quick]\n",
+      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph] [--quick] [--long N]\n",
                    argv[0]);
       return 2;
     }
@@ -1444,7 +1447,7 @@ int main(int argc, char** argv) {
     return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
   };
   int failures = 0;
-  if (want("differential")) failures += run_differential(configs, seed, quick);
+  if (want("differential")) failures += run_differential(configs, seed, quick, long_first);
   if (want("errors")) failures += run_error_tests();
   if (want("graph")) failures += run_graph_test();
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
