@@ -20,13 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-build=${SCISSORHANDS_BUILD_DIR:-build}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target scissorhands_llama
-bin=./"$build"/examples/llama/scissorhands_llama
-mkdir -p results
+source scripts/build_llama.sh  # sets bin, creates results/
 
 if [ -n "${SCISSORHANDS_MODEL:-}" ]; then
   models=("$SCISSORHANDS_MODEL")

@@ -18,14 +18,8 @@
 # Extra arguments go to every run (e.g. --samples 4 for a quick look).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${SCISSORHANDS_BUILD_DIR:-build}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target scissorhands_llama
-bin=./"$build"/examples/llama/scissorhands_llama
+source scripts/build_llama.sh  # sets bin, creates results/
 dir=${SCISSORHANDS_MODELS_DIR:-../shared/models}
-mkdir -p results
 
 grid=()
 for w in 25 50 100 400; do
