@@ -3,6 +3,7 @@
 // 4, 2 or 1) is the widest unit that divides every row address and the row
 // size, so K/V rows of aligned caches move 16 bytes at a time.
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 
 namespace scissorhands::cuda::block {
@@ -27,17 +28,36 @@ __device__ inline void copy_unit(std::byte* dst, const std::byte* src, std::int6
   }
 }
 
+// Calls f(row, unit) for every unit of `count` rows, the block's threads
+// striding over rows x units. The index is split with a 32-bit division
+// when the range fits (the usual case): a 64-bit division is a called
+// routine of ~70 instructions, a 32-bit one a few inline.
+template <int Threads, class F>
+__device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&& f) {
+  const std::int64_t total = units * count;
+  if (total <= INT32_MAX) {
+    const auto per_row = static_cast<std::uint32_t>(units);
+    for (std::uint32_t i = threadIdx.x; i < static_cast<std::uint32_t>(total); i += Threads) {
+      const std::uint32_t r = i / per_row;
+      f(static_cast<std::int32_t>(r), static_cast<std::int64_t>(i - r * per_row));
+    }
+  } else {
+    for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
+      const auto r = static_cast<std::int32_t>(i / units);
+      f(r, i - r * units);
+    }
+  }
+}
+
 // Moves `pairs` rows, pair p from row_at(src[p]) to row_at(dst[p]), with all
 // the block's threads. Sources and destinations must be distinct rows.
 template <int Threads, class RowAt>
 __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, const std::int32_t* src,
                           const std::int32_t* dst, std::int32_t pairs) {
   const std::int64_t units = row_bytes / vec;
-  const std::int64_t total = units * pairs;
-  for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
-    const auto p = static_cast<std::int32_t>(i / units);
-    copy_unit(row_at(dst[p]), row_at(src[p]), i - p * units, vec);
-  }
+  for_each_unit<Threads>(units, pairs, [&](std::int32_t p, std::int64_t unit) {
+    copy_unit(row_at(dst[p]), row_at(src[p]), unit, vec);
+  });
 }
 
 // Shifts the kept rows of [first, len) down in slot order: slot t (not
@@ -69,16 +89,13 @@ __device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, const 
     }
     __syncthreads();
     if (staged) {
-      const std::int64_t total = units * count;
-      for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
-        const auto r = static_cast<std::int32_t>(i / units);
-        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes, row_at(start + r), i - r * units, vec);
-      }
+      for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
+        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes, row_at(start + r), unit, vec);
+      });
       __syncthreads();
-      for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
-        const auto r = static_cast<std::int32_t>(i / units);
-        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]), stage + r * row_bytes, i - r * units, vec);
-      }
+      for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
+        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]), stage + r * row_bytes, unit, vec);
+      });
     } else if (dst_slot[0] >= 0) {
       // A row larger than the stage: one at a time, straight (its
       // destination's token has already moved, and the rows are distinct).

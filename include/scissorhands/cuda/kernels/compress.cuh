@@ -122,9 +122,11 @@ struct lowest_key {
   std::int32_t count;
 };
 struct lowest_key_op {
+  // Selects by value: a reference to a or b would take their addresses and
+  // push CUB's shuffles through local memory.
   __device__ lowest_key operator()(const lowest_key& a, const lowest_key& b) const {
-    const lowest_key& low = (b.key < a.key || (b.key == a.key && b.slot < a.slot)) ? b : a;
-    return {low.key, low.slot, a.count + b.count};
+    const bool take_b = b.key < a.key || (b.key == a.key && b.slot < a.slot);
+    return {take_b ? b.key : a.key, take_b ? b.slot : a.slot, a.count + b.count};
   }
 };
 
