@@ -27,7 +27,8 @@ struct query_case {
 };
 
 template <class Policy, class Cache>
-void compare_with_probabilities(Cache& cache, std::int32_t group, const query_case& qc) {
+void compare_with_probabilities(Cache& cache, std::int32_t group, const query_case& qc, std::int32_t prefill = 9,
+                                std::int32_t extra_decode = 0) {
   INFO("amplitude " << qc.amplitude << ", softmax_scale " << qc.softmax_scale << ", group " << group);
   const std::int32_t batch = cache.batch, H = cache.kv_heads, D = cache.head_dim;
   const std::int32_t q_heads = H * group;
@@ -40,8 +41,13 @@ void compare_with_probabilities(Cache& cache, std::int32_t group, const query_ca
                                                : static_cast<double>(1.0f / std::sqrt(static_cast<float>(D)));
 
   // Ragged prefill (the shortest sequence sets q_len), then decode steps.
-  const std::vector<std::vector<std::int32_t>> calls = {{9, 6, 7}, {1, 1, 1}, {1, 1, 1}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}};
-  const std::vector<std::int32_t> q_lens = {3, 1, 1, 2, 1, 1};
+  // (prefill and extra_decode lengthen it: several tiles of the blocked path.)
+  std::vector<std::vector<std::int32_t>> calls = {{prefill, 6, 7}, {1, 1, 1}, {1, 1, 1}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}};
+  std::vector<std::int32_t> q_lens = {3, 1, 1, 2, 1, 1};
+  for (std::int32_t i = 0; i < extra_decode; ++i) {
+    calls.push_back({1, 1, 1});
+    q_lens.push_back(1);
+  }
   std::int64_t compared = 0;
   double worst = 0.0;
   for (std::size_t c = 0; c < calls.size(); ++c) {
@@ -158,6 +164,21 @@ TEST_CASE("observe_queries matches observe_probabilities: GQA max and decay, pad
     auto cache2 = make_contiguous(layout_kind::nhd, 3, 2, 16, 24, 7);
     compare_with_probabilities<mass_decay>(cache2, 8, qc);
   }
+}
+
+TEST_CASE("observe_queries matches observe_probabilities: long sequences, a head_dim tail, wide groups",
+          "[observe_queries]") {
+  // 60 and more tokens: whole 16-token tiles and a partial one, prefetch
+  // of the next tile; head_dim 13: dot products with a tail; group x
+  // head_dim beyond the blocked path's stack scratch: the unblocked path.
+  for (const auto& qc : {moderate, peaky}) {
+    auto tail = make_contiguous(layout_kind::nhd, 3, 2, 13, 80, 11);
+    compare_with_probabilities<mass_mean>(tail, 3, qc, 40, 20);
+    auto wide = make_contiguous(layout_kind::hnd, 3, 1, 520, 70, 12);
+    compare_with_probabilities<mass_max>(wide, 2, qc, 30, 30);
+  }
+  paged_cache paged(3, 2, 16, 5, 80, sh::paged_layout::nhd(5, 2, 16), sh::paged_layout::hnd(5, 2, 16), 13);
+  compare_with_probabilities<mass_decay>(paged, 4, moderate, 45, 20);
 }
 
 TEST_CASE("observe_queries matches observe_probabilities: paged cache", "[observe_queries][paged]") {

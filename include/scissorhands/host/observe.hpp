@@ -16,6 +16,7 @@
 // slot, or row -1) is skipped, and one with no query this step (ragged
 // qo_indptr, q_len(b) = 0) only has its new tokens admitted.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,62 @@ inline constexpr std::int32_t max_group_size = 128;
 
 namespace detail {
 using namespace scissorhands::detail;
+
+// exp(x) for the recomputed probabilities: Cephes' single-precision
+// polynomial after a two-part ln 2 range reduction (a few ulp), branch-free
+// so that a loop of it vectorises. Below -87.33 (where exp leaves the
+// normal floats) it gives 0, above 88.7 +inf; NaN stays NaN. The rounding
+// to the nearest n goes through an integer conversion, so -ffast-math
+// cannot fold it away.
+inline float exp_approx(float x) {
+  constexpr float lo = -87.33654f, hi = 88.7f;
+  const float c = std::min(std::max(x, lo), hi);
+  const float v = c * 1.44269504088896341f;
+  const auto n_int = static_cast<std::int32_t>(v + (v >= 0.0f ? 0.5f : -0.5f));
+  const auto n = static_cast<float>(n_int);
+  const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = (p * r) * r + r + 1.0f;
+  float y = e * std::bit_cast<float>((n_int + 127) << 23);
+  y = x < lo ? 0.0f : y;
+  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  return x != x ? x : y;
+}
+
+// a . b over d floats: eight partial sums in a fixed order, so the loop
+// vectorises without -ffast-math and gives the same bits on every ISA that
+// does not contract to FMA.
+inline float dot_lanes(const float* __restrict a, const float* __restrict b, std::int32_t d) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  std::int32_t x = 0;
+  for (; x + 8 <= d; x += 8)
+    for (std::int32_t i = 0; i < 8; ++i) acc[i] += a[x + i] * b[x + i];
+  float tail = 0.0f;
+  for (; x < d; ++x) tail += a[x] * b[x];
+  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
+}
+
+// Asks for a row's cache lines ahead of use (a hint; no-op elsewhere).
+inline void prefetch_row(const void* row, std::int32_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+  const auto* p = static_cast<const char*>(row);
+  for (std::int32_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+#else
+  (void)row, (void)bytes;
+#endif
+}
+
+// Scratch of observe_queries' blocked path, on the stack: the group's
+// queries as floats (group x head_dim), one key row as floats, and a tile
+// of logits (group x tile tokens).
+inline constexpr std::int32_t query_scratch_floats = 4096;
+inline constexpr std::int32_t key_scratch_floats = 512;
+inline constexpr std::int32_t logit_tile = 16;
 
 template <class T>
 void validate_cache(const char* fn, const kv_view<T, memory_space::host>& cache) {
@@ -153,6 +210,109 @@ inline void record(const Policy& policy, const eviction_state<memory_space::host
   using Obs = typename Policy::observation;
   const float c = Obs::contribution(probability, visible, policy.config);
   Policy::history::update(state.scores[i], state.observed[i], state.ring_of(i), step, c, policy.config, Obs::binary);
+}
+
+// observe_queries' work after validation and admission, for group x
+// head_dim and head_dim within the stack scratch: per (sequence, KV head,
+// query) the group's queries converted to float once, then the visible
+// keys a tile of logit_tile tokens at a time: every query head's logit
+// against each key (dot_lanes, K converted to float once per row), then
+// the tile's exponentials in one vectorisable loop (exp_approx), then the
+// combined probability recorded per token. Without the log-sum-exp, a first
+// pass over the same tiles keeps an online one per query head.
+template <class Policy, class View, class Q>
+void observe_queries_blocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
+                             const query_view<Q, memory_space::host>& queries, const lse_view<memory_space::host>& lse,
+                             float scale) {
+  using T = typename View::element_type;
+  using Gqa = typename Policy::gqa;
+  constexpr std::int32_t tile = logit_tile;
+  const std::int32_t d = cache.head_dim;
+  const std::int32_t group = queries.q_heads / cache.kv_heads;
+  float qf[query_scratch_floats];
+  float kf[key_scratch_floats];
+  float z[max_group_size * tile];
+  float norm[max_group_size];
+  const std::int32_t row_bytes = d * static_cast<std::int32_t>(sizeof(T));
+  // Logits of tokens [t0, t0 + n) into z[g * tile + u], minus `shift[g]`.
+  // A head's consecutive keys are a page or more apart in NHD and paged
+  // layouts, where the hardware prefetchers stop: the next tile's rows are
+  // prefetched by hand while this tile computes.
+  const auto tile_logits = [&](std::int32_t b, std::int32_t h, std::int32_t t0, std::int32_t n, const float* shift) {
+    const std::int32_t len = cache.length(b);
+    for (std::int32_t u = 0; u < n; ++u) {
+      // One row a tile ahead per row computed: a steady stream of misses.
+      if (t0 + u + tile < len) prefetch_row(cache.k_row(b, h, t0 + u + tile), row_bytes);
+      const T* k = cache.k_row(b, h, t0 + u);
+      const float* kp;
+      if constexpr (std::is_same_v<T, float>) {
+        kp = k;
+      } else {
+        for (std::int32_t x = 0; x < d; ++x) kf[x] = to_float(k[x]);
+        kp = kf;
+      }
+      for (std::int32_t g = 0; g < group; ++g) z[g * tile + u] = dot_lanes(qf + g * d, kp, d) * scale - shift[g];
+    }
+  };
+  const float zero[max_group_size] = {};
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    const std::int32_t q_len = queries.queries_of(b);
+    const std::int32_t r = state.row(b);
+    if (len == 0 || q_len == 0) continue;
+    for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+      for (std::int32_t j = 0; j < q_len; ++j) {
+        const std::int32_t visible = len - q_len + j + 1;
+        for (std::int32_t g = 0; g < group; ++g) {
+          const Q* q = queries.row(b, h * group + g, j);
+          for (std::int32_t x = 0; x < d; ++x) qf[g * d + x] = to_float(q[x]);
+        }
+        if (lse.present()) {
+          for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
+        } else {
+          // Online log-sum-exp per query head, a tile at a time: the
+          // running sum is rescaled when the tile raises the maximum.
+          float run_max[max_group_size];
+          float run_sum[max_group_size];
+          for (std::int32_t g = 0; g < group; ++g) {
+            run_max[g] = -std::numeric_limits<float>::infinity();
+            run_sum[g] = 0.0f;
+          }
+          for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
+            const std::int32_t n = std::min(tile, visible - t0);
+            tile_logits(b, h, t0, n, zero);
+            for (std::int32_t g = 0; g < group; ++g) {
+              float m = run_max[g];
+              for (std::int32_t u = 0; u < n; ++u) m = std::max(m, z[g * tile + u]);
+              if (m > run_max[g]) {
+                run_sum[g] *= exp_approx(run_max[g] - m);
+                run_max[g] = m;
+              }
+              for (std::int32_t u = 0; u < n; ++u) run_sum[g] += exp_approx(z[g * tile + u] - m);
+            }
+          }
+          for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
+        }
+        const std::int64_t step = state.step[r] + j;
+        for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
+          const std::int32_t n = std::min(tile, visible - t0);
+          tile_logits(b, h, t0, n, norm);
+          if (n == tile) {
+            // A whole tile: a constant trip count the compiler vectorises.
+            for (std::int32_t i = 0; i < group * tile; ++i) z[i] = exp_approx(z[i]);
+          } else {
+            for (std::int32_t g = 0; g < group; ++g)
+              for (std::int32_t u = 0; u < n; ++u) z[g * tile + u] = exp_approx(z[g * tile + u]);
+          }
+          for (std::int32_t u = 0; u < n; ++u) {
+            float acc = Gqa::identity();
+            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, z[g * tile + u]);
+            record(policy, state, state.row_index(r, h, t0 + u), step, Gqa::finish(acc, group), visible);
+          }
+        }
+      }
+    state.step[r] += q_len;
+  }
 }
 
 // The query heads, and how many queries each sequence has: q_len(b) of a
@@ -325,6 +485,10 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
   if constexpr (Obs::needs_attention) {
     const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
     const std::int32_t group = queries.q_heads / cache.kv_heads;
+    if (group * d <= detail::query_scratch_floats && d <= detail::key_scratch_floats) {
+      detail::observe_queries_blocked(policy, cache, state, queries, lse, scale);
+      return;
+    }
     float norm[max_group_size];
     const Q* q_rows[max_group_size];
     float logits[max_group_size];
