@@ -48,7 +48,10 @@ using namespace scissorhands::detail;
 // cannot fold it away.
 inline float exp_approx(float x) {
   constexpr float lo = -87.33654f, hi = 88.7f;
-  const float c = std::min(std::max(x, lo), hi);
+  // Clamped with NaN mapped to 0 for the arithmetic (a NaN converted to an
+  // integer is undefined behaviour; found by the fuzz harness); the last
+  // select returns the NaN itself.
+  const float c = x < lo ? lo : (x > hi ? hi : (x == x ? x : 0.0f));
   const float v = c * 1.44269504088896341f;
   const auto n_int = static_cast<std::int32_t>(v + (v >= 0.0f ? 0.5f : -0.5f));
   const auto n = static_cast<float>(n_int);
