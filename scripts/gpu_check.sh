@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA backend, one command of at most about 7 minutes
+# The GPU check of the CUDA backend, one command of at most about 8 minutes
 # (the timeouts below), for a machine lent for 15 minutes. It runs the
 # binaries scripts/gpu_build.sh made on a CPU machine (BIN_DIR, default
 # gpu-bin/, carried to the device); where they are missing or do not start
