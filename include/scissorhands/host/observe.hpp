@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -254,7 +255,8 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
         for (std::int32_t x = 0; x < d; ++x) kf[x] = to_float(k[x]);
         kp = kf;
       }
-      for (std::int32_t g = 0; g < group; ++g) z[g * tile + u] = dot_lanes(qf + g * d, kp, d) * scale - shift[g];
+      for (std::int32_t g = 0; g < group; ++g)
+        z[g * tile + u] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d) * scale - shift[g];
     }
   };
   const float zero[max_group_size] = {};
