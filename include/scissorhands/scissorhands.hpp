@@ -9,6 +9,7 @@
 #include "eviction_state.hpp"
 #include "host/compress.hpp"
 #include "host/observe.hpp"
+#include "host/plan.hpp"
 #include "host/select.hpp"
 #include "host/state.hpp"
 #include "kv_layout.hpp"

@@ -6,11 +6,13 @@
 // compress into a compress_output, a state seen through a batch mapping,
 // reset_state / reset_sequence, shrink_page_table, the sizing helpers,
 // catch_errors, token-level eviction (shared_heads compress, select,
-// compact, forget, the model state), and the C++17 bridge's definitions
+// compact, forget, the model state), their plans run in slices
+// (host/plan.hpp, host/threads.hpp), and the C++17 bridge's definitions
 // (one policy).
 // Built as part of the tests so it also compiles with g++.
 #include <scissorhands/scissorhands.hpp>
 #include <scissorhands/bridge/bridge_impl.hpp>
+#include <scissorhands/host/threads.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +53,15 @@ void use_backend(const Policy& policy, View cache, sh::eviction_state<host> stat
   sh::host::compress(policy, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, out);
   sh::host::compress(policy, cache, state, 8, {e.workspace.data(), e.workspace.size()},
                      {{e.new_lengths.data(), e.new_lengths.size()}, {}});
+  // The plans (host/plan.hpp) and the std::thread runner.
+  sh::host::plan_observe_probabilities(policy, cache, state, sh::probability_view<host>::dense(values, 2, 1, 8))
+      .run({0, 2});
+  sh::host::run_on_threads(
+      sh::host::plan_observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4)), 2);
+  const auto plan = sh::host::plan_compress(policy, cache, state, 8, {e.workspace.data(), e.workspace.size()}, out,
+                                            2);
+  for (std::int32_t i = 0; i < 2; ++i) plan.run({i, 2});
+  (void)sh::host::compress_workspace_bytes(cache, state.shape, 2);
 }
 
 template <class Policy>
@@ -79,7 +90,12 @@ void use_token_level(View cache, sh::model_state<host> model, engine_buffers& e)
     sh::host::compact(layers{}, cache, mapped.layer(l), selection, {e.workspace.data(), e.workspace.size()});
     sh::host::forget(layers{}, cache, mapped.layer(l), selection);
   }
+  sh::host::plan_select(layers{}, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, selection, {}, 2)
+      .run({1, 2});
+  sh::host::plan_compact(layers{}, cache, mapped.layer(0), selection, {e.workspace.data(), e.workspace.size()}).run();
+  sh::host::plan_forget(layers{}, cache, mapped.layer(0), selection).run({0, 3});
   (void)sh::host::select_workspace_bytes(cache, model.shape());
+  (void)sh::host::select_workspace_bytes(cache, model.shape(), 2);
   (void)sh::host::compact_workspace_bytes(cache);
 }
 

@@ -19,16 +19,147 @@
 namespace scissorhands::host {
 
 // Bytes of workspace compress needs for this cache and this state (sized by
-// the smaller of the two capacities).
+// the smaller of the two capacities), and for a plan run in up to `slices`
+// slices (each slice chooses in its own scratch).
 template <class View>
 std::size_t compress_workspace_bytes(const View& cache, const state_shape& state) {
-  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity));
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), 1);
+}
+template <class View>
+std::size_t compress_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
+  detail::validate_slices("host::compress_workspace_bytes", slices);
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), slices);
 }
 // The same for any state: sized by the cache's whole capacity.
 template <class View>
 std::size_t compress_workspace_bytes(const View& cache) {
-  return detail::workspace_bytes(cache, detail::workspace_slots(cache, INT32_MAX));
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, INT32_MAX), 1);
 }
+
+namespace detail {
+
+template <class Policy, class View>
+auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                   std::int32_t budget, host_span<std::byte> workspace, compress_output<memory_space::host> out,
+                   std::int32_t slices) {
+  static_assert(View::space == memory_space::host, "host::compress needs a host view");
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then host::select once per step and host::compact (or host::forget) per layer");
+  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
+  validate_common(fn, policy, cache, state);
+  validate_budget(fn, policy, budget);
+  validate_slices(fn, slices);
+  const std::int32_t m = policy.config.evict_count;
+  const std::int32_t slots = workspace_slots(cache, state.shape.capacity);
+  const std::size_t need = workspace_bytes(cache, slots, slices);
+  require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
+          " bytes, below compress_workspace_bytes(cache, state.shape, slices = ", slices, ") = ", need);
+  require(workspace.data() != nullptr, fn, "workspace", "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(candidate) == 0, fn, "workspace",
+          "must be aligned to ", alignof(candidate), " bytes");
+  constexpr bool paged = requires { cache.page_size; };
+  validate_output(fn, cache, state, out, {workspace.data(), workspace.size(), "workspace"});
+  validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
+  // Every sequence that triggers must have state for all its tokens and
+  // enough unprotected ones to evict (the state could have been damaged).
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    if (len < budget) continue;
+    const std::int32_t r = state.row(b);
+    require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
+            " tokens of sequence ", b, ": call observe (or admit) after appending, before compress");
+    const std::int32_t evict = len - budget + m;
+    for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
+      std::int32_t free = 0;
+      for (std::int32_t t = 0; t < len; ++t) free += !is_protected(policy, state, r, state.row_index(r, h, t));
+      require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
+              " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
+      if constexpr (shared) {
+        // One choice for all heads reads head 0's positions: every head
+        // must hold the same token at every slot.
+        const std::int64_t head0 = state.row_index(r, 0, 0), here = state.row_index(r, h, 0);
+        for (std::int32_t t = 0; t < len; ++t)
+          require(state.positions[here + t] == state.positions[head0 + t], fn, "state.positions", "of sequence ", b,
+                  " slot ", t, " differ between head 0 and head ", h,
+                  ": a shared_heads policy needs every head to hold the same token at a slot (was the "
+                  "state compacted per head?)");
+      }
+    }
+  }
+  if constexpr (paged) {
+    // A page compress rewrites must be listed once: a page that another
+    // sequence (prefix sharing) or the same list also names would see rows
+    // move under it. One mark per pool page after the slices' scratch,
+    // cleared only where the table points, so the check costs O(pages
+    // listed).
+    unsigned char* mark = page_marks_of(workspace.data(), slots, slices);
+    const std::int32_t listed = cache.indptr[cache.batch];
+    for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
+    for (std::int32_t b = 0; b < cache.batch; ++b)
+      if (cache.length(b) >= budget)
+        for (std::int32_t i = cache.indptr[b]; i < cache.indptr[b + 1]; ++i) mark[cache.indices[i]] = 1;
+    for (std::int32_t i = 0; i < listed; ++i) {
+      unsigned char& seen = mark[cache.indices[i]];
+      require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
+              " names a page that compress rewrites (its sequence is at the budget) and that is listed more "
+              "than once: shared pages cannot be compacted in place");
+      if (seen == 1) seen = 2;
+    }
+  }
+  // What each sequence ends with does not depend on which tokens go: the
+  // outputs and tracked counts are written here, the units only move.
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    const std::int32_t kept = len < budget ? len : budget - m;
+    out.new_lengths[b] = kept;
+    if (!out.freed_pages.empty()) out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(kept);
+    if (len >= budget) state.tracked[state.row(b)] = kept;
+  }
+  // One unit per (sequence, KV head), or per sequence when one choice
+  // covers every head.
+  const std::int64_t units = shared ? std::int64_t{cache.batch} : std::int64_t{cache.batch} * cache.kv_heads;
+  std::byte* const base = workspace.data();
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t part) {
+    const eviction_scratch scratch = scratch_of(base, slots, part);
+    const settings& cfg = policy.config;
+    for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+      const auto b = static_cast<std::int32_t>(shared ? unit : unit / cache.kv_heads);
+      const std::int32_t len = cache.length(b);
+      if (len < budget) continue;
+      const std::int32_t r = state.row(b);
+      const std::int32_t evict = len - budget + m;
+      const std::int32_t kept = len - evict;
+      if constexpr (shared) {
+        choose_shared(policy, single_layer(state), r, len, evict, 0, scratch);
+        for_each_move(scratch.evicted, len, kept, cfg.compaction_mode, [&](std::int32_t from, std::int32_t to) {
+          for (std::int32_t h = 0; h < cache.kv_heads; ++h) move_token(cache, state, b, h, from, to);
+        });
+      } else {
+        const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
+        std::int32_t count = 0;
+        const std::int64_t row = state.row_index(r, h, 0);
+        for (std::int32_t t = 0; t < len; ++t) {
+          const std::int64_t i = row + t;
+          if (is_protected(policy, state, r, i)) continue;
+          scratch.candidates[count++] = {
+              scissorhands::detail::eviction_key(
+                  scissorhands::detail::pooled_eviction_score(state.scores + row, state.observed + row, t, len, cfg,
+                                                              evicts_highest<typename Policy::observation>),
+                  state.positions[i]),
+              t};
+        }
+        smallest_first(scratch.candidates, count, evict);
+        std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
+        for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+        for_each_move(scratch.evicted, len, kept, cfg.compaction_mode,
+                      [&](std::int32_t from, std::int32_t to) { move_token(cache, state, b, h, from, to); });
+      }
+    }
+  }, units, slices);
+}
+
+}  // namespace detail
 
 // Evicts and compacts K, V and the state. The cache's lengths and page
 // table are not written: out.new_lengths[b] gets every sequence's new length
@@ -41,111 +172,18 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 void compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
               host_span<std::byte> workspace, compress_output<memory_space::host> out) {
-  const char* fn = "host::compress";
-  static_assert(View::space == memory_space::host, "host::compress needs a host view");
-  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
-                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
-                "model_state, then host::select once per step and host::compact (or host::forget) per layer");
-  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
-  detail::validate_common(fn, policy, cache, state);
-  detail::validate_budget(fn, policy, budget);
-  const std::int32_t m = policy.config.evict_count;
-  const std::int32_t slots = detail::workspace_slots(cache, state.shape.capacity);
-  const std::size_t need = detail::workspace_bytes(cache, slots);
-  detail::require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
-                  " bytes, below compress_workspace_bytes(cache, state.shape) = ", need);
-  detail::require(workspace.data() != nullptr, fn, "workspace", "must not be null");
-  detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
-                  "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
-  constexpr bool paged = requires { cache.page_size; };
-  detail::validate_output(fn, cache, state, out, {workspace.data(), workspace.size(), "workspace"});
-  detail::validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
-  // Every sequence that triggers must have state for all its tokens and
-  // enough unprotected ones to evict (the state could have been damaged).
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
-    const std::int32_t len = cache.length(b);
-    if (len < budget) continue;
-    const std::int32_t r = state.row(b);
-    detail::require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
-                    " tokens of sequence ", b, ": call observe (or admit) after appending, before compress");
-    const std::int32_t evict = len - budget + m;
-    for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
-      std::int32_t free = 0;
-      for (std::int32_t t = 0; t < len; ++t) free += !detail::is_protected(policy, state, r, state.row_index(r, h, t));
-      detail::require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
-                      " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
-      if constexpr (shared) {
-        // One choice for all heads reads head 0's positions: every head
-        // must hold the same token at every slot.
-        const std::int64_t head0 = state.row_index(r, 0, 0), here = state.row_index(r, h, 0);
-        for (std::int32_t t = 0; t < len; ++t)
-          detail::require(state.positions[here + t] == state.positions[head0 + t], fn, "state.positions",
-                          "of sequence ", b, " slot ", t, " differ between head 0 and head ", h,
-                          ": a shared_heads policy needs every head to hold the same token at a slot (was the "
-                          "state compacted per head?)");
-      }
-    }
-  }
-  if constexpr (paged) {
-    // A page compress rewrites must be listed once: a page that another
-    // sequence (prefix sharing) or the same list also names would see rows
-    // move under it. One mark per pool page in the workspace, cleared only
-    // where the table points, so the check costs O(pages listed).
-    unsigned char* mark = detail::scratch_of(workspace.data(), slots).page_marks;
-    const std::int32_t listed = cache.indptr[cache.batch];
-    for (std::int32_t i = 0; i < listed; ++i) mark[cache.indices[i]] = 0;
-    for (std::int32_t b = 0; b < cache.batch; ++b)
-      if (cache.length(b) >= budget)
-        for (std::int32_t i = cache.indptr[b]; i < cache.indptr[b + 1]; ++i) mark[cache.indices[i]] = 1;
-    for (std::int32_t i = 0; i < listed; ++i) {
-      unsigned char& seen = mark[cache.indices[i]];
-      detail::require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
-                      " names a page that compress rewrites (its sequence is at the budget) and that is listed more "
-                      "than once: shared pages cannot be compacted in place");
-      if (seen == 1) seen = 2;
-    }
-  }
+  detail::plan_compress("host::compress", policy, cache, state, budget, workspace, out, 1).run();
+}
 
-  const detail::eviction_scratch scratch = detail::scratch_of(workspace.data(), slots);
-  const settings& cfg = policy.config;
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
-    const std::int32_t len = cache.length(b);
-    out.new_lengths[b] = len;
-    if (!out.freed_pages.empty()) out.freed_pages[b] = 0;
-    if (len < budget) continue;
-    const std::int32_t r = state.row(b);
-    const std::int32_t evict = len - budget + m;
-    const std::int32_t kept = len - evict;
-    if constexpr (shared) {
-      detail::choose_shared(policy, detail::single_layer(state), r, len, evict, 0, scratch);
-      detail::for_each_move(scratch.evicted, len, kept, cfg.compaction_mode, [&](std::int32_t from, std::int32_t to) {
-        for (std::int32_t h = 0; h < cache.kv_heads; ++h) detail::move_token(cache, state, b, h, from, to);
-      });
-    } else {
-      for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
-        std::int32_t count = 0;
-        const std::int64_t base = state.row_index(r, h, 0);
-        for (std::int32_t t = 0; t < len; ++t) {
-          const std::int64_t i = base + t;
-          if (detail::is_protected(policy, state, r, i)) continue;
-          scratch.candidates[count++] = {
-              scissorhands::detail::eviction_key(
-                  scissorhands::detail::pooled_eviction_score(state.scores + base, state.observed + base, t, len,
-                                                              cfg, evicts_highest<typename Policy::observation>),
-                  state.positions[i]),
-              t};
-        }
-        detail::smallest_first(scratch.candidates, count, evict);
-        std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
-        for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
-        detail::for_each_move(scratch.evicted, len, kept, cfg.compaction_mode,
-                              [&](std::int32_t from, std::int32_t to) { detail::move_token(cache, state, b, h, from, to); });
-      }
-    }
-    out.new_lengths[b] = kept;
-    if (!out.freed_pages.empty()) out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(kept);
-    state.tracked[r] = kept;
-  }
+// compress as a plan (plan.hpp) for up to `slices` threads: validates and
+// writes `out` and the tracked counts on the calling thread; its units are
+// the (sequence, KV head) pairs, or the sequences for shared_heads. The
+// workspace holds compress_workspace_bytes(cache, state.shape, slices).
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
+                   host_span<std::byte> workspace, compress_output<memory_space::host> out, std::int32_t slices) {
+  return detail::plan_compress("host::plan_compress", policy, cache, state, budget, workspace, out, slices);
 }
 
 // Applies compress's new lengths to a FlashInfer page table, in place, once

@@ -27,6 +27,7 @@
 
 #include "../attention_view.hpp"
 #include "../detail/validate.hpp"
+#include "plan.hpp"
 #include "../element.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
@@ -41,20 +42,35 @@ inline constexpr std::int32_t max_group_size = 128;
 namespace detail {
 using namespace scissorhands::detail;
 
+// Float order as a signed integer order (NaN excluded): the bits of a
+// negative float count down as it grows, so they are flipped.
+constexpr std::int32_t ordered_bits(std::int32_t bits) { return bits ^ ((bits >> 31) & 0x7FFFFFFF); }
+// mask ? a : b (mask all ones or all zeros) on the bits: no float
+// comparison or branch, which the compiler would not vectorise without
+// -fno-trapping-math.
+inline float pick(std::int32_t mask, float a, float b) {
+  return std::bit_cast<float>((std::bit_cast<std::int32_t>(a) & mask) | (std::bit_cast<std::int32_t>(b) & ~mask));
+}
+
 // exp(x) for the recomputed probabilities: Cephes' single-precision
 // polynomial after a two-part ln 2 range reduction (a few ulp), branch-free
-// so that a loop of it vectorises. Below -87.33 (where exp leaves the
-// normal floats) it gives 0, above 88.7 +inf; NaN stays NaN. The rounding
-// to the nearest n goes through an integer conversion, so -ffast-math
-// cannot fold it away.
+// so that a loop of it vectorises (at -O2 too). Below -87.33 (where exp
+// leaves the normal floats) it gives 0, above 88.7 +inf; NaN stays NaN.
+// Every test on x is an integer test of its bits, and n is rounded by
+// adding 1.5 * 2^23 and read from the bits, so no NaN is ever converted to
+// an integer (undefined behaviour; found by the fuzz harness) and
+// -ffast-math cannot fold the rounding away.
 inline float exp_approx(float x) {
   constexpr float lo = -87.33654f, hi = 88.7f;
-  // Clamped with NaN mapped to 0 for the arithmetic (a NaN converted to an
-  // integer is undefined behaviour; found by the fuzz harness); the last
-  // select returns the NaN itself.
-  const float c = x < lo ? lo : (x > hi ? hi : (x == x ? x : 0.0f));
+  const auto bits = std::bit_cast<std::int32_t>(x);
+  const std::int32_t nan = -static_cast<std::int32_t>((bits & 0x7FFFFFFF) > 0x7F800000);
+  const std::int32_t key = ordered_bits(bits);
+  const std::int32_t below = ~nan & -static_cast<std::int32_t>(key < ordered_bits(std::bit_cast<std::int32_t>(lo)));
+  const std::int32_t above = ~nan & -static_cast<std::int32_t>(key > ordered_bits(std::bit_cast<std::int32_t>(hi)));
+  const float c = pick(nan, 0.0f, pick(below, lo, pick(above, hi, x)));
   const float v = c * 1.44269504088896341f;
-  const auto n_int = static_cast<std::int32_t>(v + (v >= 0.0f ? 0.5f : -0.5f));
+  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: the sum's low bits hold v rounded to an integer
+  const std::int32_t n_int = std::bit_cast<std::int32_t>(v + round_magic) - std::bit_cast<std::int32_t>(round_magic);
   const auto n = static_cast<float>(n_int);
   const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -64,10 +80,8 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = (p * r) * r + r + 1.0f;
-  float y = e * std::bit_cast<float>((n_int + 127) << 23);
-  y = x < lo ? 0.0f : y;
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
-  return x != x ? x : y;
+  const float y = e * std::bit_cast<float>((n_int + 127) << 23);
+  return pick(nan, x, pick(below, 0.0f, pick(above, std::numeric_limits<float>::infinity(), y)));
 }
 
 // a . b over d floats: eight partial sums in a fixed order, so the loop
@@ -82,6 +96,56 @@ inline float dot_lanes(const float* __restrict a, const float* __restrict b, std
   for (; x < d; ++x) tail += a[x] * b[x];
   return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }
+
+// dot_lanes of four rows of `a` (d floats apart) with one b, bit for bit,
+// in one pass over b: each chunk of b is loaded once for the four rows, and
+// the 4 x 8 partial sums are independent chains, so the adds overlap
+// instead of waiting on each other's latency. Written with GCC/Clang
+// vector types, since the auto-vectoriser spills or shuffles this shape;
+// elsewhere four dot_lanes.
+#if defined(__GNUC__) || defined(__clang__)
+using lanes4 = float __attribute__((vector_size(16)));
+inline lanes4 load_lanes4(const float* p) {
+  lanes4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void dot_lanes_4(const float* __restrict a, const float* __restrict b, std::int32_t d,
+                        float* __restrict out) {
+  const float* a0 = a;
+  const float* a1 = a0 + d;
+  const float* a2 = a1 + d;
+  const float* a3 = a2 + d;
+  // lo: lanes 0-3 of dot_lanes' eight partial sums, hi: lanes 4-7.
+  lanes4 lo0 = {}, hi0 = {}, lo1 = {}, hi1 = {}, lo2 = {}, hi2 = {}, lo3 = {}, hi3 = {};
+  std::int32_t x = 0;
+  for (; x + 8 <= d; x += 8) {
+    const lanes4 bl = load_lanes4(b + x), bh = load_lanes4(b + x + 4);
+    lo0 += load_lanes4(a0 + x) * bl;
+    hi0 += load_lanes4(a0 + x + 4) * bh;
+    lo1 += load_lanes4(a1 + x) * bl;
+    hi1 += load_lanes4(a1 + x + 4) * bh;
+    lo2 += load_lanes4(a2 + x) * bl;
+    hi2 += load_lanes4(a2 + x + 4) * bh;
+    lo3 += load_lanes4(a3 + x) * bl;
+    hi3 += load_lanes4(a3 + x + 4) * bh;
+  }
+  const auto finish = [&](lanes4 lo, lanes4 hi, const float* row) {
+    const lanes4 pair = lo + hi;  // (c0 + c4), (c1 + c5), (c2 + c6), (c3 + c7)
+    float tail = 0.0f;
+    for (std::int32_t y = x; y < d; ++y) tail += row[y] * b[y];
+    return ((pair[0] + pair[1]) + (pair[2] + pair[3])) + tail;
+  };
+  out[0] = finish(lo0, hi0, a0);
+  out[1] = finish(lo1, hi1, a1);
+  out[2] = finish(lo2, hi2, a2);
+  out[3] = finish(lo3, hi3, a3);
+}
+#else
+inline void dot_lanes_4(const float* a, const float* b, std::int32_t d, float* out) {
+  for (std::int32_t n = 0; n < 4; ++n) out[n] = dot_lanes(a + static_cast<std::ptrdiff_t>(n) * d, b, d);
+}
+#endif
 
 // Asks for a row's cache lines ahead of use (a hint; no-op elsewhere).
 inline void prefetch_row(const void* row, std::int32_t bytes) {
@@ -227,7 +291,7 @@ inline void record(const Policy& policy, const eviction_state<memory_space::host
 template <class Policy, class View, class Q>
 void observe_queries_blocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
                              const query_view<Q, memory_space::host>& queries, const lse_view<memory_space::host>& lse,
-                             float scale) {
+                             float scale, std::int64_t first_unit, std::int64_t end_unit) {
   using T = typename View::element_type;
   using Gqa = typename Policy::gqa;
   constexpr std::int32_t tile = logit_tile;
@@ -255,68 +319,73 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
         for (std::int32_t x = 0; x < d; ++x) kf[x] = to_float(k[x]);
         kp = kf;
       }
-      for (std::int32_t g = 0; g < group; ++g)
-        z[g * tile + u] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d) * scale - shift[g];
+      // Four query heads at a time share each load of the key row.
+      float dots[max_group_size];
+      std::int32_t g = 0;
+      for (; g + 4 <= group; g += 4) dot_lanes_4(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d, dots + g);
+      for (; g < group; ++g) dots[g] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d);
+      for (g = 0; g < group; ++g) z[g * tile + u] = dots[g] * scale - shift[g];
     }
   };
   const float zero[max_group_size] = {};
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
+  for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+    const auto b = static_cast<std::int32_t>(unit / cache.kv_heads);
+    const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
     const std::int32_t len = cache.length(b);
     const std::int32_t q_len = queries.queries_of(b);
     const std::int32_t r = state.row(b);
     if (len == 0 || q_len == 0) continue;
-    for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-      for (std::int32_t j = 0; j < q_len; ++j) {
-        const std::int32_t visible = len - q_len + j + 1;
+    const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
+    for (std::int32_t j = 0; j < q_len; ++j) {
+      const std::int32_t visible = len - q_len + j + 1;
+      for (std::int32_t g = 0; g < group; ++g) {
+        const Q* q = queries.row(b, h * group + g, j);
+        for (std::int32_t x = 0; x < d; ++x) qf[g * d + x] = to_float(q[x]);
+      }
+      if (lse.present()) {
+        for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
+      } else {
+        // Online log-sum-exp per query head, a tile at a time: the
+        // running sum is rescaled when the tile raises the maximum.
+        float run_max[max_group_size];
+        float run_sum[max_group_size];
         for (std::int32_t g = 0; g < group; ++g) {
-          const Q* q = queries.row(b, h * group + g, j);
-          for (std::int32_t x = 0; x < d; ++x) qf[g * d + x] = to_float(q[x]);
+          run_max[g] = -std::numeric_limits<float>::infinity();
+          run_sum[g] = 0.0f;
         }
-        if (lse.present()) {
-          for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
-        } else {
-          // Online log-sum-exp per query head, a tile at a time: the
-          // running sum is rescaled when the tile raises the maximum.
-          float run_max[max_group_size];
-          float run_sum[max_group_size];
-          for (std::int32_t g = 0; g < group; ++g) {
-            run_max[g] = -std::numeric_limits<float>::infinity();
-            run_sum[g] = 0.0f;
-          }
-          for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
-            const std::int32_t n = std::min(tile, visible - t0);
-            tile_logits(b, h, t0, n, zero);
-            for (std::int32_t g = 0; g < group; ++g) {
-              float m = run_max[g];
-              for (std::int32_t u = 0; u < n; ++u) m = std::max(m, z[g * tile + u]);
-              if (m > run_max[g]) {
-                run_sum[g] *= exp_approx(run_max[g] - m);
-                run_max[g] = m;
-              }
-              for (std::int32_t u = 0; u < n; ++u) run_sum[g] += exp_approx(z[g * tile + u] - m);
-            }
-          }
-          for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
-        }
-        const std::int64_t step = state.step[r] + j;
         for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
           const std::int32_t n = std::min(tile, visible - t0);
-          tile_logits(b, h, t0, n, norm);
-          if (n == tile) {
-            // A whole tile: a constant trip count the compiler vectorises.
-            for (std::int32_t i = 0; i < group * tile; ++i) z[i] = exp_approx(z[i]);
-          } else {
-            for (std::int32_t g = 0; g < group; ++g)
-              for (std::int32_t u = 0; u < n; ++u) z[g * tile + u] = exp_approx(z[g * tile + u]);
-          }
-          for (std::int32_t u = 0; u < n; ++u) {
-            float acc = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, z[g * tile + u]);
-            record(policy, state, state.row_index(r, h, t0 + u), step, Gqa::finish(acc, group), visible);
+          tile_logits(b, h, t0, n, zero);
+          for (std::int32_t g = 0; g < group; ++g) {
+            float m = run_max[g];
+            for (std::int32_t u = 0; u < n; ++u) m = std::max(m, z[g * tile + u]);
+            if (m > run_max[g]) {
+              run_sum[g] *= exp_approx(run_max[g] - m);
+              run_max[g] = m;
+            }
+            for (std::int32_t u = 0; u < n; ++u) run_sum[g] += exp_approx(z[g * tile + u] - m);
           }
         }
+        for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
       }
-    state.step[r] += q_len;
+      const std::int64_t step = first_step + j;
+      for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
+        const std::int32_t n = std::min(tile, visible - t0);
+        tile_logits(b, h, t0, n, norm);
+        if (n == tile) {
+          // A whole tile: one flat loop the compiler vectorises.
+          for (std::int32_t i = 0; i < group * tile; ++i) z[i] = exp_approx(z[i]);
+        } else {
+          for (std::int32_t g = 0; g < group; ++g)
+            for (std::int32_t u = 0; u < n; ++u) z[g * tile + u] = exp_approx(z[g * tile + u]);
+        }
+        for (std::int32_t u = 0; u < n; ++u) {
+          float acc = Gqa::identity();
+          for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, z[g * tile + u]);
+          record(policy, state, state.row_index(r, h, t0 + u), step, Gqa::finish(acc, group), visible);
+        }
+      }
+    }
   }
 }
 
@@ -374,27 +443,31 @@ std::int64_t reach(const Queries& view, std::int64_t sequence_stride, std::int64
   return reach_uniform(sequence_stride, head_stride, query_stride, batch, view.q_heads, view.q_len, row);
 }
 
-}  // namespace detail
+// Advances the step counter of every sequence that has queries this call:
+// the plan does it once, each unit reads its first step as step - q_len.
+template <class View, class Queries>
+void advance_steps(const View& cache, const eviction_state<memory_space::host>& state, const Queries& view) {
+  for (std::int32_t b = 0; b < cache.batch; ++b)
+    if (cache.length(b) > 0 && view.queries_of(b) > 0) state.step[state.row(b)] += view.queries_of(b);
+}
 
 template <class Policy, class View>
-  requires composed_policy<Policy>
-void observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::host> state,
-                           probability_view<memory_space::host> probs) {
-  const char* fn = "host::observe_probabilities";
+auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache,
+                                eviction_state<memory_space::host> state, probability_view<memory_space::host> probs) {
   static_assert(View::space == memory_space::host, "host::observe_probabilities needs a host view");
-  detail::validate_common(fn, policy, cache, state);
+  validate_common(fn, policy, cache, state);
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   if constexpr (Obs::needs_attention) {
-    detail::validate_query_counts(fn, cache, probs);
+    validate_query_counts(fn, cache, probs);
     std::int32_t max_len = 0;
     for (std::int32_t b = 0; b < cache.batch; ++b) max_len = std::max(max_len, cache.length(b));
     for (auto s : {probs.sequence_stride, probs.head_stride, probs.query_stride})
-      detail::require(s >= 0, fn, "probs strides", "must be non-negative, got ", s);
-    const std::int64_t need = detail::reach(probs, probs.sequence_stride, probs.head_stride, probs.query_stride,
+      require(s >= 0, fn, "probs strides", "must be non-negative, got ", s);
+    const std::int64_t need = reach(probs, probs.sequence_stride, probs.head_stride, probs.query_stride,
                                             cache.batch, max_len);
-    detail::require(need == 0 || probs.data.data() != nullptr, fn, "probs.data", "must not be null");
-    detail::require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ",
+    require(need == 0 || probs.data.data() != nullptr, fn, "probs.data", "must not be null");
+    require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ",
                     probs.data.size(), " values but the view reaches ", need);
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
@@ -402,156 +475,221 @@ void observe_probabilities(const Policy& policy, View cache, eviction_state<memo
       const std::int32_t q_len = probs.queries_of(b);
       for (std::int32_t qh = 0; qh < probs.q_heads; ++qh)
         for (std::int32_t j = 0; j < q_len; ++j) {
-          const float* row = probs.row(b, qh, j);
+          const float* __restrict row = probs.row(b, qh, j);
           const std::int32_t visible = len - q_len + j + 1;
-          for (std::int32_t t = 0; t < visible; ++t)
-            detail::require(row[t] >= 0.0f && row[t] <= 1.001f, fn, "probs", "value at (sequence ", b, ", query head ",
-                            qh, ", query ", j, ", slot ", t, ") must be a probability in [0, 1], got ", row[t]);
+          // A branch-free pass the compiler vectorises (NaN fails both
+          // comparisons); the slot is looked up only to name it.
+          bool valid = true;
+          for (std::int32_t t = 0; t < visible; ++t) valid &= (row[t] >= 0.0f) & (row[t] <= 1.001f);
+          if (valid) [[likely]]
+            continue;
+          std::int32_t t = 0;
+          while (row[t] >= 0.0f && row[t] <= 1.001f) ++t;
+          fail(fn, "probs", "value at (sequence ", b, ", query head ", qh, ", query ", j, ", slot ", t,
+               ") must be a probability in [0, 1], got ", row[t]);
         }
     }
   }
-  detail::admit(policy, cache, state);
-  if constexpr (Obs::needs_attention) {
-    const std::int32_t group = probs.q_heads / cache.kv_heads;
-    for (std::int32_t b = 0; b < cache.batch; ++b) {
-      const std::int32_t len = cache.length(b);
-      const std::int32_t q_len = probs.queries_of(b);
-      const std::int32_t r = state.row(b);
-      if (len == 0 || q_len == 0) continue;
-      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+  admit(policy, cache, state);
+  if constexpr (Obs::needs_attention) advance_steps(cache, state, probs);
+  // One unit per (sequence, KV head) pair.
+  const std::int64_t units = Obs::needs_attention ? std::int64_t{cache.batch} * cache.kv_heads : 0;
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
+    if constexpr (Obs::needs_attention) {
+      const std::int32_t group = probs.q_heads / cache.kv_heads;
+      for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+        const auto b = static_cast<std::int32_t>(unit / cache.kv_heads);
+        const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
+        const std::int32_t len = cache.length(b);
+        const std::int32_t q_len = probs.queries_of(b);
+        if (len == 0 || q_len == 0) continue;
+        const std::int32_t r = state.row(b);
+        const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
+        const float* rows[max_group_size];
         for (std::int32_t j = 0; j < q_len; ++j) {
           const std::int32_t visible = len - q_len + j + 1;
-          const std::int64_t step = state.step[r] + j;
+          for (std::int32_t g = 0; g < group; ++g) rows[g] = probs.row(b, h * group + g, j);
           for (std::int32_t t = 0; t < visible; ++t) {
             float acc = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, probs.row(b, h * group + g, j)[t]);
-            detail::record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
+            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, rows[g][t]);
+            record(policy, state, state.row_index(r, h, t), first_step + j, Gqa::finish(acc, group), visible);
           }
         }
-      state.step[r] += q_len;
+      }
+    }
+  }, units);
+}
+
+// observe_queries' work for group x head_dim or head_dim beyond the blocked
+// path's stack scratch: one key row at a time against the group.
+template <class Policy, class View, class Q>
+void observe_queries_unblocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
+                               const query_view<Q, memory_space::host>& queries,
+                               const lse_view<memory_space::host>& lse, float scale, std::int64_t first_unit,
+                               std::int64_t end_unit) {
+  using T = typename View::element_type;
+  using Gqa = typename Policy::gqa;
+  const std::int32_t d = cache.head_dim;
+  const std::int32_t group = queries.q_heads / cache.kv_heads;
+  float norm[max_group_size];
+  const Q* q_rows[max_group_size];
+  float logits[max_group_size];
+  // The group's logits against one key row, computed together so K is read
+  // once per row and the group's dot products run as independent chains.
+  const auto group_logits = [&](const T* k) {
+    for (std::int32_t g = 0; g < group; ++g) logits[g] = 0.0f;
+    for (std::int32_t x = 0; x < d; ++x) {
+      const float kx = to_float(k[x]);
+      for (std::int32_t g = 0; g < group; ++g) logits[g] += to_float(q_rows[g][x]) * kx;
+    }
+    for (std::int32_t g = 0; g < group; ++g) logits[g] *= scale;
+  };
+  for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
+    const auto b = static_cast<std::int32_t>(unit / cache.kv_heads);
+    const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
+    const std::int32_t len = cache.length(b);
+    const std::int32_t q_len = queries.queries_of(b);
+    if (len == 0 || q_len == 0) continue;
+    const std::int32_t r = state.row(b);
+    const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
+    for (std::int32_t j = 0; j < q_len; ++j) {
+      const std::int32_t visible = len - q_len + j + 1;
+      for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
+      if (lse.present()) {
+        for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
+      } else {
+        // Own normaliser: an online log-sum-exp per query head (running
+        // max, sum rescaled when the max grows), one extra read of K.
+        float run_max[max_group_size];
+        float run_sum[max_group_size];
+        for (std::int32_t g = 0; g < group; ++g) {
+          run_max[g] = -std::numeric_limits<float>::infinity();
+          run_sum[g] = 0.0f;
+        }
+        for (std::int32_t t = 0; t < visible; ++t) {
+          group_logits(cache.k_row(b, h, t));
+          for (std::int32_t g = 0; g < group; ++g) {
+            if (logits[g] > run_max[g]) {
+              run_sum[g] = run_sum[g] * std::exp(run_max[g] - logits[g]) + 1.0f;
+              run_max[g] = logits[g];
+            } else {
+              run_sum[g] += std::exp(logits[g] - run_max[g]);
+            }
+          }
+        }
+        for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
+      }
+      const std::int64_t step = first_step + j;
+      for (std::int32_t t = 0; t < visible; ++t) {
+        group_logits(cache.k_row(b, h, t));
+        float acc = Gqa::identity();
+        for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
+        record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
+      }
     }
   }
+}
+
+template <class Policy, class View, class Q>
+auto plan_observe_queries(const char* fn, const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                          query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse,
+                          float softmax_scale) {
+  static_assert(View::space == memory_space::host, "host::observe_queries needs a host view");
+  using T = typename View::element_type;
+  static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
+  static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
+  validate_common(fn, policy, cache, state);
+  using Obs = typename Policy::observation;
+  const std::int32_t d = cache.head_dim;
+  if constexpr (Obs::needs_attention) {
+    validate_query_counts(fn, cache, queries);
+    require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
+                    queries.head_dim);
+    // Typed list: nvcc's front end turns a bare {..} of dependent members into ({..}).
+    for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
+                                                                queries.query_stride})
+      require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
+    const std::int64_t need = reach(queries, queries.sequence_stride, queries.head_stride,
+                                            queries.query_stride, cache.batch, d);
+    require(need == 0 || queries.data.data() != nullptr, fn, "queries.data", "must not be null");
+    require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ",
+                    queries.data.size(), " values but the view reaches ", need);
+    require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
+                    "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+    // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
+    require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
+                    lse.data.size());
+    if (lse.present()) {
+      require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
+                          lse.qo_indptr.size() == queries.qo_indptr.size(),
+                      fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
+      for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
+        require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
+      const std::int64_t lneed = reach(queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
+                                               cache.batch, 1);
+      require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
+                      " values but the view reaches ", lneed);
+      for (std::int32_t b = 0; b < cache.batch; ++b) {
+        if (cache.length(b) == 0) continue;
+        for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
+          for (std::int32_t j = 0; j < queries.queries_of(b); ++j)
+            require(std::isfinite(lse.natural(b, qh, j)), fn, "lse", "value at (sequence ", b,
+                            ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
+      }
+    }
+  }
+  admit(policy, cache, state);
+  if constexpr (Obs::needs_attention) advance_steps(cache, state, queries);
+  // One unit per (sequence, KV head) pair.
+  const std::int64_t units = Obs::needs_attention ? std::int64_t{cache.batch} * cache.kv_heads : 0;
+  const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
+    if constexpr (Obs::needs_attention) {
+      const std::int32_t group = queries.q_heads / cache.kv_heads;
+      if (group * d <= query_scratch_floats && d <= key_scratch_floats)
+        observe_queries_blocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
+      else
+        observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
+    }
+  }, units);
+}
+
+}  // namespace detail
+
+// Both observe calls and their plans (plan.hpp): plan_* validates, admits
+// and advances the step counters on the calling thread; its units are the
+// (sequence, KV head) pairs. The call is its plan run on one thread.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                                probability_view<memory_space::host> probs) {
+  return detail::plan_observe_probabilities("host::plan_observe_probabilities", policy, cache, state, probs);
+}
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                           probability_view<memory_space::host> probs) {
+  detail::plan_observe_probabilities("host::observe_probabilities", policy, cache, state, probs).run();
 }
 
 // softmax_scale multiplies q.k before the softmax (1/sqrt(head_dim) when 0).
 // A ragged `queries` needs a ragged `lse` over the same qo_indptr array.
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
+auto plan_observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                          query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
+                          float softmax_scale = 0.0f) {
+  return detail::plan_observe_queries("host::plan_observe_queries", policy, cache, state, queries, lse,
+                                      softmax_scale);
+}
+template <class Policy, class View, class Q>
+  requires composed_policy<Policy>
 void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
                      query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                      float softmax_scale = 0.0f) {
-  const char* fn = "host::observe_queries";
-  static_assert(View::space == memory_space::host, "host::observe_queries needs a host view");
-  using T = typename View::element_type;
-  static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
-  static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
-  detail::validate_common(fn, policy, cache, state);
-  using Obs = typename Policy::observation;
-  using Gqa = typename Policy::gqa;
-  const std::int32_t d = cache.head_dim;
-  if constexpr (Obs::needs_attention) {
-    detail::validate_query_counts(fn, cache, queries);
-    detail::require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
-                    queries.head_dim);
-    // Typed list: nvcc's front end turns a bare {..} of dependent members into ({..}).
-    for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
-                                                                queries.query_stride})
-      detail::require(s >= 0, fn, "queries strides", "must be non-negative, got ", s);
-    const std::int64_t need = detail::reach(queries, queries.sequence_stride, queries.head_stride,
-                                            queries.query_stride, cache.batch, d);
-    detail::require(need == 0 || queries.data.data() != nullptr, fn, "queries.data", "must not be null");
-    detail::require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ",
-                    queries.data.size(), " values but the view reaches ", need);
-    detail::require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
-                    "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
-    // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
-    detail::require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
-                    lse.data.size());
-    if (lse.present()) {
-      detail::require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
-                          lse.qo_indptr.size() == queries.qo_indptr.size(),
-                      fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
-      for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
-        detail::require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
-      const std::int64_t lneed = detail::reach(queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
-                                               cache.batch, 1);
-      detail::require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
-                      " values but the view reaches ", lneed);
-      for (std::int32_t b = 0; b < cache.batch; ++b) {
-        if (cache.length(b) == 0) continue;
-        for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
-          for (std::int32_t j = 0; j < queries.queries_of(b); ++j)
-            detail::require(std::isfinite(lse.natural(b, qh, j)), fn, "lse", "value at (sequence ", b,
-                            ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
-      }
-    }
-  }
-  detail::admit(policy, cache, state);
-  if constexpr (Obs::needs_attention) {
-    const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
-    const std::int32_t group = queries.q_heads / cache.kv_heads;
-    if (group * d <= detail::query_scratch_floats && d <= detail::key_scratch_floats) {
-      detail::observe_queries_blocked(policy, cache, state, queries, lse, scale);
-      return;
-    }
-    float norm[max_group_size];
-    const Q* q_rows[max_group_size];
-    float logits[max_group_size];
-    // The group's logits against one key row, computed together so K is read
-    // once per row and the group's dot products run as independent chains.
-    const auto group_logits = [&](const T* k) {
-      for (std::int32_t g = 0; g < group; ++g) logits[g] = 0.0f;
-      for (std::int32_t x = 0; x < d; ++x) {
-        const float kx = to_float(k[x]);
-        for (std::int32_t g = 0; g < group; ++g) logits[g] += to_float(q_rows[g][x]) * kx;
-      }
-      for (std::int32_t g = 0; g < group; ++g) logits[g] *= scale;
-    };
-    for (std::int32_t b = 0; b < cache.batch; ++b) {
-      const std::int32_t len = cache.length(b);
-      const std::int32_t q_len = queries.queries_of(b);
-      const std::int32_t r = state.row(b);
-      if (len == 0 || q_len == 0) continue;
-      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-        for (std::int32_t j = 0; j < q_len; ++j) {
-          const std::int32_t visible = len - q_len + j + 1;
-          for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
-          if (lse.present()) {
-            for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
-          } else {
-            // Own normaliser: an online log-sum-exp per query head (running
-            // max, sum rescaled when the max grows), one extra read of K.
-            float run_max[max_group_size];
-            float run_sum[max_group_size];
-            for (std::int32_t g = 0; g < group; ++g) {
-              run_max[g] = -std::numeric_limits<float>::infinity();
-              run_sum[g] = 0.0f;
-            }
-            for (std::int32_t t = 0; t < visible; ++t) {
-              group_logits(cache.k_row(b, h, t));
-              for (std::int32_t g = 0; g < group; ++g) {
-                if (logits[g] > run_max[g]) {
-                  run_sum[g] = run_sum[g] * std::exp(run_max[g] - logits[g]) + 1.0f;
-                  run_max[g] = logits[g];
-                } else {
-                  run_sum[g] += std::exp(logits[g] - run_max[g]);
-                }
-              }
-            }
-            for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
-          }
-          const std::int64_t step = state.step[r] + j;
-          for (std::int32_t t = 0; t < visible; ++t) {
-            group_logits(cache.k_row(b, h, t));
-            float acc = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
-            detail::record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
-          }
-        }
-      state.step[r] += q_len;
-    }
-  }
+  detail::plan_observe_queries("host::observe_queries", policy, cache, state, queries, lse, softmax_scale).run();
 }
+
 
 // For static observation policies: admit new tokens (observe_* do the same).
 template <class Policy, class View>

@@ -29,10 +29,15 @@
 namespace scissorhands::host {
 
 // Bytes of workspace select needs for this cache and this state shape (the
-// shape of one layer).
+// shape of one layer), for a plan run in up to `slices` slices.
 template <class View>
 std::size_t select_workspace_bytes(const View& cache, const state_shape& state) {
-  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity));
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), 1);
+}
+template <class View>
+std::size_t select_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
+  detail::validate_slices("host::select_workspace_bytes", slices);
+  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), slices);
 }
 
 // Bytes of workspace compact needs: one mark per pool page (paged caches,
@@ -83,12 +88,14 @@ void validate_selection_input(const char* fn, const Policy& policy, const View& 
   }
 }
 
-// Applies the selection to one layer: `Move(b, from, to)` moves one slot
-// for every head; slots keep their order when `stable`.
+// Applies the selection to sequences [first, end) of one layer:
+// `Move(b, from, to)` moves one slot for every head; slots keep their
+// order when `stable`.
 template <class View, class Move>
 void apply_selection(const View& cache, const eviction_state<memory_space::host>& state,
-                     const eviction_selection<memory_space::host>& sel, bool stable, Move&& move) {
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
+                     const eviction_selection<memory_space::host>& sel, bool stable, std::int32_t first,
+                     std::int32_t end, Move&& move) {
+  for (std::int32_t b = first; b < end; ++b) {
     const std::int32_t count = sel.counts[b];
     if (count == 0) continue;
     const std::int32_t len = cache.length(b);
@@ -122,6 +129,119 @@ void apply_selection(const View& cache, const eviction_state<memory_space::host>
 
 }  // namespace detail
 
+namespace detail {
+
+template <class Policy, class View>
+auto plan_select(const char* fn, const Policy& policy, View cache, model_state<memory_space::host> model,
+                 std::int32_t budget, host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
+                 host_span<const std::int32_t> pinned_prefix, std::int32_t slices) {
+  static_assert(View::space == memory_space::host, "host::select needs a host view");
+  static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
+                "host::select chooses one set of slots for the whole model: give the policy a shared_layers "
+                "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
+                "evict layer by layer with host::compress");
+  constexpr bool paged = requires { cache.page_size; };
+  require(model.layers > 0 && model.first.step != nullptr, fn, "model", "is not laid out: build it with "
+                  "make_model_state");
+  require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
+                  "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
+                  model.layer_bytes);
+  for (std::int32_t l = 0; l < model.layers; ++l) validate_common(fn, policy, cache, model.layer(l));
+  validate_budget(fn, policy, budget);
+  validate_slices(fn, slices);
+  const std::int32_t m = policy.config.evict_count;
+  const state_shape& shape = model.first.shape;
+  // Workspace.
+  const std::int32_t slots = workspace_slots(cache, shape.capacity);
+  const std::size_t need = workspace_bytes(cache, slots, slices);
+  require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
+          " bytes, below select_workspace_bytes(cache, shape, slices = ", slices, ") = ", need);
+  require(workspace.data() != nullptr, fn, "workspace", "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(candidate) == 0, fn,
+                  "workspace", "must be aligned to ", alignof(candidate), " bytes");
+  validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
+                                    {workspace.data(), need, "workspace"});
+  // Every sequence that triggers: every layer tracks all its tokens, at the
+  // same positions in every head and layer, and enough of them are neither
+  // protected nor pinned.
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t len = cache.length(b);
+    const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
+    require(pinned >= 0 && pinned <= len, fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
+                    "] (the sequence's length), got ", pinned);
+    if (len < budget) continue;
+    const std::int32_t r = model.first.row(b);
+    const eviction_state<memory_space::host> first = model.first;
+    const std::int64_t base = first.row_index(r, 0, 0);
+    for (std::int32_t l = 0; l < model.layers; ++l) {
+      const eviction_state<memory_space::host> s = model.layer(l);
+      require(s.tracked[r] == len, fn, "model", "layer ", l, " tracks ", s.tracked[r], " of the ", len,
+                      " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
+      require(s.next_position[r] == first.next_position[r], fn, "model", "layer ", l,
+                      " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
+                      first.next_position[r], ": every layer must see the same tokens");
+      for (std::int32_t h = 0; h < shape.kv_heads; ++h) {
+        const std::int32_t* __restrict here = s.positions + s.row_index(r, h, 0);
+        const std::int32_t* __restrict there = first.positions + base;
+        // A branch-free pass (vectorised); the slot is looked up only to
+        // name it in the error.
+        std::int32_t differ = 0;
+        for (std::int32_t t = 0; t < len; ++t) differ |= here[t] ^ there[t];
+        if (differ == 0) [[likely]]
+          continue;
+        std::int32_t t = 0;
+        while (here[t] == there[t]) ++t;
+        fail(fn, "model", "layer ", l, " head ", h, " holds position ", here[t], " at slot ", t,
+                     " of sequence ", b, ", layer 0 head 0 holds ", there[t],
+                     ": shared_layers needs one token per slot in every layer and head (was a layer compressed on "
+                     "its own?)");
+      }
+    }
+    const std::int32_t evict = len - budget + m;
+    std::int32_t free = 0;
+    for (std::int32_t t = pinned; t < len; ++t) free += !is_protected(policy, first, r, base + t);
+    require(free >= evict, fn, pinned > 0 ? "pinned_prefix" : "state.positions", "of sequence ", b,
+                    " leave ", free, " tokens that are neither protected nor pinned, fewer than the ", evict,
+                    " to evict (pinned ", pinned, ", budget ", budget, ")");
+  }
+
+  // One unit per sequence; each writes only its own entries of the selection.
+  std::byte* const base = workspace.data();
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t part) {
+    const eviction_scratch scratch = scratch_of(base, slots, part);
+    for (auto b = static_cast<std::int32_t>(first_unit); b < end_unit; ++b) {
+      const std::int32_t len = cache.length(b);
+      selection.out.new_lengths[b] = len;
+      if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = 0;
+      selection.counts[b] = 0;
+      if (len < budget) continue;
+      const std::int32_t r = model.first.row(b);
+      const std::int32_t evict = len - budget + m;
+      const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
+      choose_shared(policy, model, r, len, evict, pinned, scratch);
+      const std::size_t at = static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride);
+      std::int32_t k = 0;
+      for (std::int32_t t = 0; t < len; ++t) {
+        if (!scratch.evicted[t]) continue;
+        selection.slots[at + k] = t;
+        if (!selection.cache_slots.empty()) {
+          if constexpr (paged)
+            selection.cache_slots[at + k] =
+                cache.indices[cache.indptr[b] + t / cache.page_size] * cache.page_size + t % cache.page_size;
+          else
+            selection.cache_slots[at + k] = t;
+        }
+        ++k;
+      }
+      selection.counts[b] = evict;
+      selection.out.new_lengths[b] = len - evict;
+      if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(len - evict);
+    }
+  }, std::int64_t{cache.batch}, slices);
+}
+
+}  // namespace detail
+
 // Chooses, for every sequence holding `budget` tokens or more, the
 // length - budget + m slots to evict from the whole model: each slot's
 // eviction score is combined over the heads of every layer of `model`
@@ -137,140 +257,45 @@ template <class Policy, class View>
 void select(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
             host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
             host_span<const std::int32_t> pinned_prefix = {}) {
-  const char* fn = "host::select";
-  static_assert(View::space == memory_space::host, "host::select needs a host view");
-  static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
-                "host::select chooses one set of slots for the whole model: give the policy a shared_layers "
-                "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
-                "evict layer by layer with host::compress");
-  constexpr bool paged = requires { cache.page_size; };
-  detail::require(model.layers > 0 && model.first.step != nullptr, fn, "model", "is not laid out: build it with "
-                  "make_model_state");
-  detail::require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
-                  "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
-                  model.layer_bytes);
-  for (std::int32_t l = 0; l < model.layers; ++l) detail::validate_common(fn, policy, cache, model.layer(l));
-  detail::validate_budget(fn, policy, budget);
-  const std::int32_t m = policy.config.evict_count;
-  const state_shape& shape = model.first.shape;
-  // Workspace.
-  const std::int32_t slots = detail::workspace_slots(cache, shape.capacity);
-  const std::size_t need = detail::workspace_bytes(cache, slots);
-  detail::require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
-                  " bytes, below select_workspace_bytes(cache, shape) = ", need);
-  detail::require(workspace.data() != nullptr, fn, "workspace", "must not be null");
-  detail::require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(detail::candidate) == 0, fn,
-                  "workspace", "must be aligned to ", alignof(detail::candidate), " bytes");
-  detail::validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
-                                    {workspace.data(), need, "workspace"});
-  // Every sequence that triggers: every layer tracks all its tokens, at the
-  // same positions in every head and layer, and enough of them are neither
-  // protected nor pinned.
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
-    const std::int32_t len = cache.length(b);
-    const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
-    detail::require(pinned >= 0 && pinned <= len, fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
-                    "] (the sequence's length), got ", pinned);
-    if (len < budget) continue;
-    const std::int32_t r = model.first.row(b);
-    const eviction_state<memory_space::host> first = model.first;
-    const std::int64_t base = first.row_index(r, 0, 0);
-    for (std::int32_t l = 0; l < model.layers; ++l) {
-      const eviction_state<memory_space::host> s = model.layer(l);
-      detail::require(s.tracked[r] == len, fn, "model", "layer ", l, " tracks ", s.tracked[r], " of the ", len,
-                      " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
-      detail::require(s.next_position[r] == first.next_position[r], fn, "model", "layer ", l,
-                      " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
-                      first.next_position[r], ": every layer must see the same tokens");
-      for (std::int32_t h = 0; h < shape.kv_heads; ++h) {
-        const std::int32_t* __restrict here = s.positions + s.row_index(r, h, 0);
-        const std::int32_t* __restrict there = first.positions + base;
-        // A branch-free pass (vectorised); the slot is looked up only to
-        // name it in the error.
-        std::int32_t differ = 0;
-        for (std::int32_t t = 0; t < len; ++t) differ |= here[t] ^ there[t];
-        if (differ == 0) [[likely]]
-          continue;
-        std::int32_t t = 0;
-        while (here[t] == there[t]) ++t;
-        detail::fail(fn, "model", "layer ", l, " head ", h, " holds position ", here[t], " at slot ", t,
-                     " of sequence ", b, ", layer 0 head 0 holds ", there[t],
-                     ": shared_layers needs one token per slot in every layer and head (was a layer compressed on "
-                     "its own?)");
-      }
-    }
-    const std::int32_t evict = len - budget + m;
-    std::int32_t free = 0;
-    for (std::int32_t t = pinned; t < len; ++t) free += !detail::is_protected(policy, first, r, base + t);
-    detail::require(free >= evict, fn, pinned > 0 ? "pinned_prefix" : "state.positions", "of sequence ", b,
-                    " leave ", free, " tokens that are neither protected nor pinned, fewer than the ", evict,
-                    " to evict (pinned ", pinned, ", budget ", budget, ")");
-  }
-
-  const detail::eviction_scratch scratch = detail::scratch_of(workspace.data(), slots);
-  for (std::int32_t b = 0; b < cache.batch; ++b) {
-    const std::int32_t len = cache.length(b);
-    selection.out.new_lengths[b] = len;
-    if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = 0;
-    selection.counts[b] = 0;
-    if (len < budget) continue;
-    const std::int32_t r = model.first.row(b);
-    const std::int32_t evict = len - budget + m;
-    const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
-    detail::choose_shared(policy, model, r, len, evict, pinned, scratch);
-    const std::size_t at = static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride);
-    std::int32_t k = 0;
-    for (std::int32_t t = 0; t < len; ++t) {
-      if (!scratch.evicted[t]) continue;
-      selection.slots[at + k] = t;
-      if (!selection.cache_slots.empty()) {
-        if constexpr (paged)
-          selection.cache_slots[at + k] =
-              cache.indices[cache.indptr[b] + t / cache.page_size] * cache.page_size + t % cache.page_size;
-        else
-          selection.cache_slots[at + k] = t;
-      }
-      ++k;
-    }
-    selection.counts[b] = evict;
-    selection.out.new_lengths[b] = len - evict;
-    if (!selection.out.freed_pages.empty()) selection.out.freed_pages[b] = cache.pages_of(b) - cache.pages_for(len - evict);
-  }
+  detail::plan_select("host::select", policy, cache, model, budget, workspace, selection, pinned_prefix, 1).run();
 }
-
-// Applies a selection to one layer: evicts its slots from every head and
-// closes the holes in K, V and the layer's state (settings.compaction_mode,
-// as compress). Call it for every layer with the same selection, then apply
-// selection.out once (shrink_page_table). Lengths and the page table are
-// read, not written. A page that would be written (one holding a slot in
-// [first evicted slot, new length) of its sequence) must be listed once;
-// pages wholly below a sequence's first evicted slot, such as a shared
-// prefix pinned in select, may be shared.
+// select as a plan (plan.hpp) for up to `slices` threads: validates on the
+// calling thread; its units are the sequences. The workspace holds
+// select_workspace_bytes(cache, shape, slices).
 template <class Policy, class View>
   requires composed_policy<Policy>
-void compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
-             eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
-  const char* fn = "host::compact";
+auto plan_select(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+                 host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
+                 host_span<const std::int32_t> pinned_prefix, std::int32_t slices) {
+  return detail::plan_select("host::plan_select", policy, cache, model, budget, workspace, selection, pinned_prefix,
+                             slices);
+}
+
+namespace detail {
+
+template <class Policy, class View>
+auto plan_compact(const char* fn, const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                  eviction_selection<memory_space::host> selection, host_span<std::byte> workspace) {
   static_assert(View::space == memory_space::host, "host::compact needs a host view");
   constexpr bool paged = requires { cache.page_size; };
-  detail::validate_common(fn, policy, cache, state);
-  detail::validate_selection_input(fn, policy, cache, state, selection);
+  validate_common(fn, policy, cache, state);
+  validate_selection_input(fn, policy, cache, state, selection);
   const std::size_t need = compact_workspace_bytes(cache);
-  detail::require(workspace.size() >= need && (need == 0 || workspace.data() != nullptr), fn, "workspace", "holds ",
+  require(workspace.size() >= need && (need == 0 || workspace.data() != nullptr), fn, "workspace", "holds ",
                   workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
-  detail::validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
+  validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
   {
-    detail::byte_range kv[2];
-    detail::kv_ranges(cache, kv);
-    const detail::byte_range written[] = {kv[0], kv[1],
-                                  {state.step, detail::offsets_of(state.shape).total, "the state"},
+    byte_range kv[2];
+    kv_ranges(cache, kv);
+    const byte_range written[] = {kv[0], kv[1],
+                                  {state.step, offsets_of(state.shape).total, "the state"},
                                   {workspace.data(), workspace.size(), "workspace"}};
     const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
-    const detail::byte_range read[] = {detail::range_of(selection.counts, "selection.counts"),
+    const byte_range read[] = {range_of(selection.counts, "selection.counts"),
                                {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
-    for (const detail::byte_range& w : written)
-      for (const detail::byte_range& r : read)
-        detail::require(!detail::overlaps(w, r), fn, r.name, "must not overlap ", w.name,
+    for (const byte_range& w : written)
+      for (const byte_range& r : read)
+        require(!overlaps(w, r), fn, r.name, "must not overlap ", w.name,
                         " (the call reads it while writing)");
   }
   if constexpr (paged) {
@@ -291,18 +316,72 @@ void compact(const Policy& policy, View cache, eviction_state<memory_space::host
     for (std::int32_t b = 0; b < cache.batch; ++b) written_pages(b, [&](std::int32_t i) { mark[cache.indices[i]] = 1; });
     for (std::int32_t i = 0; i < listed; ++i) {
       unsigned char& seen = mark[cache.indices[i]];
-      detail::require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
+      require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
                       " names a page that compact rewrites and that is listed more than once: shared pages can only "
                       "lie below a sequence's first evicted slot (pin them in select)");
       if (seen == 1) seen = 2;
     }
   }
-  detail::apply_selection(cache, state, selection, policy.config.compaction_mode == compaction::preserve_order,
-                          [&](std::int32_t b, std::int32_t from, std::int32_t to) {
-                            for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-                              detail::move_token(cache, state, b, h, from, to);
-                          });
+  // One unit per sequence.
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
+    apply_selection(cache, state, selection, policy.config.compaction_mode == compaction::preserve_order,
+                    static_cast<std::int32_t>(first_unit), static_cast<std::int32_t>(end_unit),
+                    [&](std::int32_t b, std::int32_t from, std::int32_t to) {
+                      for (std::int32_t h = 0; h < cache.kv_heads; ++h) move_token(cache, state, b, h, from, to);
+                    });
+  }, std::int64_t{cache.batch});
 }
+
+}  // namespace detail
+
+// Applies a selection to one layer: evicts its slots from every head and
+// closes the holes in K, V and the layer's state (settings.compaction_mode,
+// as compress). Call it for every layer with the same selection, then apply
+// selection.out once (shrink_page_table). Lengths and the page table are
+// read, not written. A page that would be written (one holding a slot in
+// [first evicted slot, new length) of its sequence) must be listed once;
+// pages wholly below a sequence's first evicted slot, such as a shared
+// prefix pinned in select, may be shared.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+             eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
+  detail::plan_compact("host::compact", policy, cache, state, selection, workspace).run();
+}
+// compact as a plan (plan.hpp): validates on the calling thread; its units
+// are the sequences.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                  eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
+  return detail::plan_compact("host::plan_compact", policy, cache, state, selection, workspace);
+}
+
+namespace detail {
+
+template <class Policy, class View>
+auto plan_forget(const char* fn, const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                 eviction_selection<memory_space::host> selection) {
+  static_assert(View::space == memory_space::host, "host::forget needs a host view");
+  validate_common(fn, policy, cache, state);
+  validate_selection_input(fn, policy, cache, state, selection);
+  const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
+  const byte_range the_state{state.step, offsets_of(state.shape).total, "the state"};
+  const byte_range read[] = {range_of(selection.counts, "selection.counts"),
+                             {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
+  for (const byte_range& r : read)
+    require(!overlaps(the_state, r), fn, r.name, "must not overlap the state");
+  // One unit per sequence.
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
+    apply_selection(cache, state, selection, true, static_cast<std::int32_t>(first_unit),
+                    static_cast<std::int32_t>(end_unit), [&](std::int32_t b, std::int32_t from, std::int32_t to) {
+                      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+                        move_state(state, state.index(b, h, from), state.index(b, h, to));
+                    });
+  }, std::int64_t{cache.batch});
+}
+
+}  // namespace detail
 
 // Applies a selection to one layer's state only, for an engine that freed
 // the slots in its own allocator (selection.cache_slots) and removed them
@@ -314,20 +393,15 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 void forget(const Policy& policy, View cache, eviction_state<memory_space::host> state,
             eviction_selection<memory_space::host> selection) {
-  const char* fn = "host::forget";
-  static_assert(View::space == memory_space::host, "host::forget needs a host view");
-  detail::validate_common(fn, policy, cache, state);
-  detail::validate_selection_input(fn, policy, cache, state, selection);
-  const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
-  const detail::byte_range the_state{state.step, detail::offsets_of(state.shape).total, "the state"};
-  const detail::byte_range read[] = {detail::range_of(selection.counts, "selection.counts"),
-                             {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"}};
-  for (const detail::byte_range& r : read)
-    detail::require(!detail::overlaps(the_state, r), fn, r.name, "must not overlap the state");
-  detail::apply_selection(cache, state, selection, true, [&](std::int32_t b, std::int32_t from, std::int32_t to) {
-    for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-      detail::move_state(state, state.index(b, h, from), state.index(b, h, to));
-  });
+  detail::plan_forget("host::forget", policy, cache, state, selection).run();
+}
+// forget as a plan (plan.hpp): validates on the calling thread; its units
+// are the sequences.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_forget(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                 eviction_selection<memory_space::host> selection) {
+  return detail::plan_forget("host::plan_forget", policy, cache, state, selection);
 }
 
 }  // namespace scissorhands::host

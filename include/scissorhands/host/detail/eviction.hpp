@@ -21,14 +21,14 @@ struct candidate {
 };
 
 // Workspace, per slot a sequence may hold: a candidate, two running
-// reductions (shared granularities) and an evicted flag; then, for a paged
+// reductions (shared granularities) and an evicted flag; that once per
+// slice a plan may run in (slices 8-byte aligned apart); then, for a paged
 // cache, one mark per pool page.
 struct eviction_scratch {
   candidate* candidates;
   float* head_acc;
   float* layer_acc;
   unsigned char* evicted;
-  unsigned char* page_marks;
 };
 inline constexpr std::size_t scratch_bytes_per_slot = sizeof(candidate) + 2 * sizeof(float) + 1;
 
@@ -38,22 +38,34 @@ template <class View>
 std::int32_t workspace_slots(const View& cache, std::int32_t state_capacity) {
   return std::max(0, std::min(cache.max_capacity(), state_capacity));
 }
+// One slice's scratch, and the distance between slices' (aligned for the
+// next slice's candidates).
+inline std::size_t slice_bytes(std::int32_t slots) {
+  return static_cast<std::size_t>(slots) * scratch_bytes_per_slot;
+}
+inline std::size_t slice_stride(std::int32_t slots) {
+  return (slice_bytes(slots) + alignof(candidate) - 1) / alignof(candidate) * alignof(candidate);
+}
 template <class View>
-std::size_t workspace_bytes(const View& cache, std::int32_t slots) {
-  std::size_t bytes = static_cast<std::size_t>(slots) * scratch_bytes_per_slot;
+std::size_t workspace_bytes(const View& cache, std::int32_t slots, std::int32_t slices) {
+  std::size_t bytes = static_cast<std::size_t>(slices - 1) * slice_stride(slots) + slice_bytes(slots);
   if constexpr (requires { cache.num_pages; })
     bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
   return bytes;
 }
-inline eviction_scratch scratch_of(std::byte* workspace, std::int32_t slots) {
+inline eviction_scratch scratch_of(std::byte* workspace, std::int32_t slots, std::int32_t part) {
   const auto n = static_cast<std::size_t>(slots);
+  std::byte* const at = workspace + static_cast<std::size_t>(part) * slice_stride(slots);
   eviction_scratch s;
-  s.candidates = reinterpret_cast<candidate*>(workspace);
-  s.head_acc = reinterpret_cast<float*>(workspace + n * sizeof(candidate));
+  s.candidates = reinterpret_cast<candidate*>(at);
+  s.head_acc = reinterpret_cast<float*>(at + n * sizeof(candidate));
   s.layer_acc = s.head_acc + n;
   s.evicted = reinterpret_cast<unsigned char*>(s.layer_acc + n);
-  s.page_marks = s.evicted + n;
   return s;
+}
+inline unsigned char* page_marks_of(std::byte* workspace, std::int32_t slots, std::int32_t slices) {
+  return reinterpret_cast<unsigned char*>(workspace + static_cast<std::size_t>(slices - 1) * slice_stride(slots) +
+                                          slice_bytes(slots));
 }
 
 // Moves slot `from` of head h to slot `to`: the token's state, and its K and
