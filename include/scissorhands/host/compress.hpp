@@ -27,8 +27,9 @@ std::size_t compress_workspace_bytes(const View& cache, const state_shape& state
 }
 template <class View>
 std::size_t compress_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
-  detail::validate_slices("host::compress_workspace_bytes", slices);
-  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), slices);
+  const std::int32_t slots = detail::workspace_slots(cache, state.capacity);
+  detail::validate_slices("host::compress_workspace_bytes", cache, slots, slices);
+  return detail::workspace_bytes(cache, slots, slices);
 }
 // The same for any state: sized by the cache's whole capacity.
 template <class View>
@@ -49,9 +50,9 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
   constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
   validate_common(fn, policy, cache, state);
   validate_budget(fn, policy, budget);
-  validate_slices(fn, slices);
   const std::int32_t m = policy.config.evict_count;
   const std::int32_t slots = workspace_slots(cache, state.shape.capacity);
+  validate_slices(fn, cache, slots, slices);
   const std::size_t need = workspace_bytes(cache, slots, slices);
   require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
           " bytes, below compress_workspace_bytes(cache, state.shape, slices = ", slices, ") = ", need);
@@ -70,9 +71,14 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
     require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
             " tokens of sequence ", b, ": call observe (or admit) after appending, before compress");
     const std::int32_t evict = len - budget + m;
+    const std::int32_t next = state.next_position[r];
     for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
+      // Hoisted row and a plain count, so the loop vectorises (it runs
+      // before any slice: serial time).
+      const std::int32_t* __restrict positions = state.positions + state.row_index(r, h, 0);
       std::int32_t free = 0;
-      for (std::int32_t t = 0; t < len; ++t) free += !is_protected(policy, state, r, state.row_index(r, h, t));
+      for (std::int32_t t = 0; t < len; ++t)
+        free += Policy::protector::is_protected(positions[t], next, policy.config) ? 0 : 1;
       require(free >= evict, fn, "state.positions", "of sequence ", b, " head ", h, " leave ", free,
               " unprotected tokens, fewer than the ", evict, " to evict: positions are not unique");
       if constexpr (shared) {

@@ -658,7 +658,8 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
 
 // Both observe calls and their plans (plan.hpp): plan_* validates, admits
 // and advances the step counters on the calling thread; its units are the
-// (sequence, KV head) pairs. The call is its plan run on one thread.
+// (sequence, KV head) pairs (none for a static observation policy, whose
+// whole work is the admission). The call is its plan run on one thread.
 template <class Policy, class View>
   requires composed_policy<Policy>
 auto plan_observe_probabilities(const Policy& policy, View cache, eviction_state<memory_space::host> state,

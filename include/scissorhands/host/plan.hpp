@@ -71,11 +71,4 @@ class work_plan {
   std::int32_t max_slices_;
 };
 
-namespace detail {
-// Validates the slice count a plan with per-slice workspace was asked for.
-inline void validate_slices(const char* fn, std::int32_t slices) {
-  scissorhands::detail::require(slices >= 1, fn, "slices", "must be at least 1, got ", slices);
-}
-}  // namespace detail
-
 }  // namespace scissorhands::host

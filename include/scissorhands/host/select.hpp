@@ -36,8 +36,9 @@ std::size_t select_workspace_bytes(const View& cache, const state_shape& state) 
 }
 template <class View>
 std::size_t select_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
-  detail::validate_slices("host::select_workspace_bytes", slices);
-  return detail::workspace_bytes(cache, detail::workspace_slots(cache, state.capacity), slices);
+  const std::int32_t slots = detail::workspace_slots(cache, state.capacity);
+  detail::validate_slices("host::select_workspace_bytes", cache, slots, slices);
+  return detail::workspace_bytes(cache, slots, slices);
 }
 
 // Bytes of workspace compact needs: one mark per pool page (paged caches,
@@ -148,11 +149,11 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
                   model.layer_bytes);
   for (std::int32_t l = 0; l < model.layers; ++l) validate_common(fn, policy, cache, model.layer(l));
   validate_budget(fn, policy, budget);
-  validate_slices(fn, slices);
   const std::int32_t m = policy.config.evict_count;
   const state_shape& shape = model.first.shape;
   // Workspace.
   const std::int32_t slots = workspace_slots(cache, shape.capacity);
+  validate_slices(fn, cache, slots, slices);
   const std::size_t need = workspace_bytes(cache, slots, slices);
   require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
           " bytes, below select_workspace_bytes(cache, shape, slices = ", slices, ") = ", need);

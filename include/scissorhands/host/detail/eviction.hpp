@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "../../detail/eviction_key.hpp"
+#include "../../error.hpp"
 #include "../../eviction_state.hpp"
 #include "../../model_state.hpp"
 #include "../../policy/eviction_policy.hpp"
@@ -52,6 +53,16 @@ std::size_t workspace_bytes(const View& cache, std::int32_t slots, std::int32_t 
   if constexpr (requires { cache.num_pages; })
     bytes += static_cast<std::size_t>(std::max(cache.num_pages, 0));  // one mark per pool page
   return bytes;
+}
+// Refuses a slice count below 1, or one whose workspace size would not fit
+// in a size_t.
+template <class View>
+void validate_slices(const char* fn, const View& cache, std::int32_t slots, std::int32_t slices) {
+  scissorhands::detail::require(slices >= 1, fn, "slices", "must be at least 1, got ", slices);
+  const std::size_t one = workspace_bytes(cache, slots, 1);
+  const std::size_t most = (SIZE_MAX - one) / std::max<std::size_t>(slice_stride(slots), 1) + 1;
+  scissorhands::detail::require(static_cast<std::size_t>(slices) <= most, fn, "slices", "must be at most ", most,
+                                " (the workspace size would overflow), got ", slices);
 }
 inline eviction_scratch scratch_of(std::byte* workspace, std::int32_t slots, std::int32_t part) {
   const auto n = static_cast<std::size_t>(slots);
