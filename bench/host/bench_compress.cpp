@@ -37,6 +37,7 @@
 
 #include "bench_host.hpp"
 #include "fixture.hpp"
+#include "pool.hpp"
 
 namespace bench_host {
 namespace {
@@ -114,7 +115,11 @@ std::int64_t naive_compress(const Policy& policy, const layer& src, const naive_
         const std::int64_t i = src.state.index(b, h, t);
         const std::int32_t pos = src.state.positions[i];
         if (pos >= next - cfg.recent || pos < cfg.sinks) continue;
-        candidates.push_back({src.state.scores[i], pos, t});
+        // The policy's own order: normalised, and negated for a policy that
+        // evicts its highest scores (scissorhands_policy counts unimportant steps).
+        candidates.push_back({sh::detail::eviction_score(src.state.scores[i], src.state.observed[i], cfg,
+                                                          sh::evicts_highest<typename Policy::observation>),
+                              pos, t});
       }
       std::sort(candidates.begin(), candidates.end(), [](const naive_candidate& a, const naive_candidate& c) {
         return a.score < c.score || (a.score == c.score && a.position < c.position);
@@ -163,9 +168,19 @@ bool same_kept_tokens(const Policy& policy, const layer& l, const naive_target& 
   return true;
 }
 
+// threads = 0: the serial call, timed in the thread's CPU time; threads >= 1:
+// plan_compress run in that many slices on a spinning pool, timed in wall
+// time (plan included), so that 1 and 2 threads compare on one clock.
 template <class Policy>
-void compress_library(benchmark::State& st, Policy policy, std::int32_t batch, std::int32_t budget) {
+void compress_library(benchmark::State& st, Policy policy, std::int32_t batch, std::int32_t budget,
+                      std::int32_t threads) {
   layer l = make_layer(policy, batch, budget);
+  const std::size_t sliced_bytes = sh::host::compress_workspace_bytes(l.cache, l.state.shape, std::max(threads, 1));
+  std::vector<std::uint64_t> sliced_workspace((sliced_bytes + 7) / 8);  // 8-byte aligned
+  const sh::host_span<std::byte> workspace =
+      threads == 0 ? l.workspace
+                   : sh::host_span<std::byte>(reinterpret_cast<std::byte*>(sliced_workspace.data()), sliced_bytes);
+  slice_pool workers(std::max(threads, 1));
   const std::vector<float> pool = make_score_pool(l.tokens());
   std::vector<std::int32_t> before(l.tokens());
   const std::int32_t kept = budget - policy.config.evict_count;
@@ -174,9 +189,15 @@ void compress_library(benchmark::State& st, Policy policy, std::int32_t batch, s
   for (auto _ : st) {
     refill(policy, l, budget, pool, iteration++);
     std::memcpy(before.data(), l.state.positions, before.size() * sizeof(std::int32_t));
-    const double start = thread_seconds();
-    sh::host::compress(policy, l.cache, l.state, budget, l.workspace, l.out);
-    st.SetIterationTime(thread_seconds() - start);
+    if (threads == 0) {
+      const double start = thread_seconds();
+      sh::host::compress(policy, l.cache, l.state, budget, workspace, l.out);
+      st.SetIterationTime(thread_seconds() - start);
+    } else {
+      const double start = wall_seconds();
+      workers.run(sh::host::plan_compress(policy, l.cache, l.state, budget, workspace, l.out, threads));
+      st.SetIterationTime(wall_seconds() - start);
+    }
     apply_new_lengths(l);  // the engine's part, untimed (it was inside compress before compress_output)
     if (std::any_of(l.lengths.begin(), l.lengths.end(), [&](std::int32_t n) { return n != kept; })) {
       st.SkipWithError("compress reported a new length other than budget - m");
@@ -231,7 +252,7 @@ void register_pair(const std::string& policy_name, Policy policy, std::int32_t b
   const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(budget) +
                             "/m:" + std::to_string(policy.config.evict_count);
   benchmark::RegisterBenchmark(("compress/" + policy_name + shape).c_str(), compress_library<Policy>, policy, batch,
-                               budget)
+                               budget, 0)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(("naive/" + policy_name + shape).c_str(), compress_naive<Policy>, policy, batch,
@@ -241,6 +262,19 @@ void register_pair(const std::string& policy_name, Policy policy, std::int32_t b
 }
 
 }  // namespace
+
+void register_compress_threads() {
+  for (std::int32_t batch : {1, 8})
+    for (std::int32_t m : {1, 2048 / 16})
+      for (std::int32_t threads : {1, 2}) {
+        const std::string name = "compress_threads/scissorhands/batch:" + std::to_string(batch) +
+                                 "/B:2048/m:" + std::to_string(m) + "/T:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), compress_library<decltype(scissorhands_with(m))>,
+                                     scissorhands_with(m), batch, 2048, threads)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+}
 
 void register_compress() {
   for (std::int32_t batch : {1, 8})

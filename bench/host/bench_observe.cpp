@@ -14,10 +14,12 @@
 //          then the scoring pass: 2 reads, counted as such (from L2 or L3: a head's keys are 256 KiB at B = 512, 4 MiB at 8192).
 // items = (sequence, KV head, token) triples observed.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "bench_host.hpp"
 #include "fixture.hpp"
+#include "pool.hpp"
 
 namespace bench_host {
 namespace {
@@ -41,7 +43,9 @@ std::vector<float> make_probabilities(std::int32_t batch, std::int32_t length) {
   return p;
 }
 
-void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_t length) {
+// threads = 0: the serial call; threads >= 1: its plan in that many slices
+// on a spinning pool. Both timed in wall time (Google Benchmark's clock).
+void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_t length, std::int32_t threads) {
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);
   set_lengths(l, length);
@@ -49,8 +53,12 @@ void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_
   const auto probs = sh::probability_view<sh::memory_space::host>::dense(
       sh::host_span<const float>(p.data(), p.size()), q_heads, 1, length);
   sh::host::observe_probabilities(policy, l.cache, l.state, probs);  // admits every token, untimed
+  slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
-    sh::host::observe_probabilities(policy, l.cache, l.state, probs);
+    if (threads == 0)
+      sh::host::observe_probabilities(policy, l.cache, l.state, probs);
+    else
+      workers.run(sh::host::plan_observe_probabilities(policy, l.cache, l.state, probs));
     benchmark::ClobberMemory();
   }
   const auto tokens = static_cast<std::int64_t>(l.tokens());
@@ -60,7 +68,8 @@ void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_
                         static_cast<std::int64_t>(p.size() * sizeof(float))));
 }
 
-void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse) {
+void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
+                     std::int32_t threads) {
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);
   set_lengths(l, length);
@@ -94,8 +103,12 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
                     sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1);
   sh::host::observe_queries(policy, l.cache, l.state, queries, lse);  // admits every token, untimed
+  slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
-    sh::host::observe_queries(policy, l.cache, l.state, queries, lse);
+    if (threads == 0)
+      sh::host::observe_queries(policy, l.cache, l.state, queries, lse);
+    else
+      workers.run(sh::host::plan_observe_queries(policy, l.cache, l.state, queries, lse));
     benchmark::ClobberMemory();
   }
   const auto tokens = static_cast<std::int64_t>(l.tokens());
@@ -108,17 +121,51 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   st.SetBytesProcessed(st.iterations() * per_call);
 }
 
+// The single-core copy bandwidth the observe figures are compared with:
+// memcpy of `bytes` between two buffers, counted once (bytes copied per
+// second). Sizes: the probabilities of a batch-1 and a batch-8 step at
+// B = 2048, and K of one layer at batch 1 and 8.
+void copy_baseline(benchmark::State& st, std::size_t bytes) {
+  std::vector<std::byte> from(bytes, std::byte{1}), to(bytes, std::byte{0});
+  for (auto _ : st) {
+    std::memcpy(to.data(), from.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(st.iterations() * static_cast<std::int64_t>(bytes));
+}
+
 }  // namespace
+
+void register_copy_baseline() {
+  for (std::size_t kib : {256, 2048, 8192, 65536})
+    benchmark::RegisterBenchmark(("copy/KiB:" + std::to_string(kib)).c_str(), copy_baseline, kib * 1024)
+        ->Unit(benchmark::kMicrosecond);
+}
 
 void register_observe() {
   for (std::int32_t batch : {1, 8})
     for (std::int32_t length : {512, 2048, 8192}) {
       const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
-      benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length)
+      benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries, batch, length, true)
+      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries, batch, length, true, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries, batch, length, false)
+      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries, batch, length, false, 0)
+          ->Unit(benchmark::kMicrosecond);
+    }
+}
+
+void register_observe_threads() {
+  for (std::int32_t batch : {1, 8})
+    for (std::int32_t threads : {1, 2}) {
+      const std::string shape = "/batch:" + std::to_string(batch) + "/B:2048/T:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(("observe_probabilities_threads" + shape).c_str(), observe_probabilities, batch,
+                                   2048, threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("observe_queries_lse_threads" + shape).c_str(), observe_queries, batch, 2048,
+                                   true, threads)
+          ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
 }

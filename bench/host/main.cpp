@@ -20,9 +20,12 @@ int main(int argc, char** argv) {
   int count = static_cast<int>(args.size());
   args.push_back(nullptr);  // argv[argc] is null by convention
 
+  bench_host::register_copy_baseline();
   bench_host::register_observe();
   bench_host::register_compress();
   bench_host::register_select();
+  bench_host::register_observe_threads();
+  bench_host::register_compress_threads();
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -52,7 +52,12 @@ def gib(b):
 
 
 def shape(name):
-    return dict(re.findall(r"(batch|B|m):(\d+)", name))
+    return dict(re.findall(r"(batch|B|m|T):(\d+)", name))
+
+
+def wall_us(b):
+    # The threaded benchmarks are timed in wall time (real or manual).
+    return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
 
 
 def main():
@@ -64,7 +69,7 @@ def main():
     print("| operation | batch | B | time / call (µs) | GiB/s | M token-heads/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, b in runs.items():
-        if not name.startswith("observe"):
+        if not name.startswith("observe") or "_threads" in name:
             continue
         s = shape(name)
         op = name.split("/")[0]
@@ -83,6 +88,26 @@ def main():
         policy = name.split("/")[1]
         print(f"| {policy} | {s['batch']} | {s['B']} | {s['m']} | {fmt_us(b, cv, name)} | {gib(b):.2f} | "
               f"{b['moves/call']:,.0f} | {fmt_us(naive, cv, 'naive/' + name[len('compress/'):])} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
+    copies = [(name, b) for name, b in runs.items() if name.startswith("copy/")]
+    if copies:
+        print()
+        print("| memcpy size (KiB) | time (µs) | GiB/s copied |")
+        print("|---:|---:|---:|")
+        for name, b in copies:
+            print(f"| {name.split(':')[1]} | {fmt_us(b, cv, name)} | {gib(b):.2f} |")
+    threaded = [(name, b) for name, b in runs.items() if "_threads/" in name and "/T:1" in name]
+    if threaded:
+        print()
+        print("| operation | batch | B | m | 1 thread (µs) | 2 threads (µs) | speed-up |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, one in threaded:
+            two = runs.get(name.replace("/T:1", "/T:2"))
+            if two is None:
+                continue
+            s = shape(name)
+            op = name.split("/")[0]
+            print(f"| {op} | {s['batch']} | {s['B']} | {s.get('m', '—')} | {wall_us(one):,.0f} | {wall_us(two):,.0f} | "
+                  f"{wall_us(one) / wall_us(two):.2f}× |")
 
 
 if __name__ == "__main__":
