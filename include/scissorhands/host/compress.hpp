@@ -27,9 +27,7 @@ std::size_t compress_workspace_bytes(const View& cache, const state_shape& state
 }
 template <class View>
 std::size_t compress_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
-  const std::int32_t slots = detail::workspace_slots(cache, state.capacity);
-  detail::validate_slices("host::compress_workspace_bytes", cache, slots, slices);
-  return detail::workspace_bytes(cache, slots, slices);
+  return detail::sliced_workspace_bytes("host::compress_workspace_bytes", cache, state.capacity, slices);
 }
 // The same for any state: sized by the cache's whole capacity.
 template <class View>

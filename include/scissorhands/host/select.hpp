@@ -36,9 +36,7 @@ std::size_t select_workspace_bytes(const View& cache, const state_shape& state) 
 }
 template <class View>
 std::size_t select_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
-  const std::int32_t slots = detail::workspace_slots(cache, state.capacity);
-  detail::validate_slices("host::select_workspace_bytes", cache, slots, slices);
-  return detail::workspace_bytes(cache, slots, slices);
+  return detail::sliced_workspace_bytes("host::select_workspace_bytes", cache, state.capacity, slices);
 }
 
 // Bytes of workspace compact needs: one mark per pool page (paged caches,

@@ -64,6 +64,15 @@ void validate_slices(const char* fn, const View& cache, std::int32_t slots, std:
   scissorhands::detail::require(static_cast<std::size_t>(slices) <= most, fn, "slices", "must be at most ", most,
                                 " (the workspace size would overflow), got ", slices);
 }
+// workspace_bytes for `slices` slices of a state of `state_capacity` slots,
+// the slice count checked (the public *_workspace_bytes with slices).
+template <class View>
+std::size_t sliced_workspace_bytes(const char* fn, const View& cache, std::int32_t state_capacity,
+                                   std::int32_t slices) {
+  const std::int32_t slots = workspace_slots(cache, state_capacity);
+  validate_slices(fn, cache, slots, slices);
+  return workspace_bytes(cache, slots, slices);
+}
 inline eviction_scratch scratch_of(std::byte* workspace, std::int32_t slots, std::int32_t part) {
   const auto n = static_cast<std::size_t>(slots);
   std::byte* const at = workspace + static_cast<std::size_t>(part) * slice_stride(slots);
