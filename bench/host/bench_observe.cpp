@@ -12,14 +12,36 @@
 //          log-sum-exp; without it host/observe.hpp makes one pass for an
 //          online log-sum-exp of every query head of the group together,
 //          then the scoring pass: 2 reads, counted as such (from L2 or L3: a head's keys are 256 KiB at B = 512, 4 MiB at 8192).
+// observe_queries_lse_bf16: the same on a cache stored as an engine's bf16
+//          (K counted at 2 bytes per element).
 // items = (sequence, KV head, token) triples observed.
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "bench_host.hpp"
 #include "fixture.hpp"
 #include "pool.hpp"
+
+namespace bench_host {
+// An engine's own bf16 (the upper 16 bits of an fp32), as a host engine
+// storing bf16 K/V declares it: the library reads it through
+// element_traits (tests/host/element_test.cpp checks the pattern).
+struct bench_bf16 {
+  std::uint16_t bits;
+};
+inline bench_bf16 to_bf16(float x) {  // round to nearest even
+  const auto u = std::bit_cast<std::uint32_t>(x);
+  return {static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+}  // namespace bench_host
+
+template <>
+struct scissorhands::element_traits<bench_host::bench_bf16> {
+  static float to_float(bench_host::bench_bf16 x) { return std::bit_cast<float>(std::uint32_t{x.bits} << 16); }
+};
 
 namespace bench_host {
 namespace {
@@ -68,11 +90,27 @@ void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_
                         static_cast<std::int64_t>(p.size() * sizeof(float))));
 }
 
+// T: the cache's element type: float, or an engine's bf16 (the layer's K
+// and V rounded to it; the library reads it through element_traits).
+template <class T>
 void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
                      std::int32_t threads) {
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);
   set_lengths(l, length);
+  std::vector<T> k_narrow, v_narrow;
+  const auto cache = [&] {
+    if constexpr (std::is_same_v<T, float>) {
+      return l.cache;
+    } else {
+      const std::size_t n = l.cache.k.size();
+      k_narrow.resize(n);
+      v_narrow.resize(n);
+      for (std::size_t i = 0; i < n; ++i) k_narrow[i] = to_bf16(l.cache.k[i]), v_narrow[i] = to_bf16(l.cache.v[i]);
+      return sh::make_kv_view(sh::host_span<T>(k_narrow.data(), n), sh::host_span<T>(v_narrow.data(), n),
+                              l.cache.lengths, batch, kv_heads, head_dim, length, sh::named_layout::nhd);
+    }
+  }();
   std::vector<float> q(static_cast<std::size_t>(batch) * q_heads * head_dim);
   rng r(4);
   for (float& x : q) x = r.symmetric();
@@ -88,10 +126,10 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
       std::vector<double> logits(static_cast<std::size_t>(length));
       double m = -1e300;
       for (std::int32_t t = 0; t < length; ++t) {
-        const float* k = l.cache.k_row(b, qh / group, t);
+        const T* k = cache.k_row(b, qh / group, t);
         const float* x = queries.row(b, qh, 0);
         double dot = 0.0;
-        for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * k[d];
+        for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * sh::to_float(k[d]);
         logits[static_cast<std::size_t>(t)] = dot * scale;
         m = std::max(m, dot * scale);
       }
@@ -102,19 +140,19 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   sh::lse_view<sh::memory_space::host> lse{};
   if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
                     sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1);
-  sh::host::observe_queries(policy, l.cache, l.state, queries, lse);  // admits every token, untimed
+  sh::host::observe_queries(policy, cache, l.state, queries, lse);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
     if (threads == 0)
-      sh::host::observe_queries(policy, l.cache, l.state, queries, lse);
+      sh::host::observe_queries(policy, cache, l.state, queries, lse);
     else
-      workers.run(sh::host::plan_observe_queries(policy, l.cache, l.state, queries, lse));
+      workers.run(sh::host::plan_observe_queries(policy, cache, l.state, queries, lse));
     benchmark::ClobberMemory();
   }
   const auto tokens = static_cast<std::int64_t>(l.tokens());
   const std::int64_t k_passes = with_lse ? 1 : 2;
   const std::int64_t per_call = tokens * static_cast<std::int64_t>(state_observe_bytes) +
-                                k_passes * tokens * head_dim * static_cast<std::int64_t>(sizeof(float)) +
+                                k_passes * tokens * head_dim * static_cast<std::int64_t>(sizeof(T)) +
                                 static_cast<std::int64_t>(q.size() * sizeof(float)) +
                                 (with_lse ? static_cast<std::int64_t>(lse_data.size() * sizeof(float)) : 0);
   st.SetItemsProcessed(st.iterations() * tokens);
@@ -148,10 +186,14 @@ void register_observe() {
       const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
       benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries, batch, length, true, 0)
+      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries<float>, batch, length, true, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries, batch, length, false, 0)
+      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length, false, 0)
           ->Unit(benchmark::kMicrosecond);
+      if (length == 2048)
+        benchmark::RegisterBenchmark(("observe_queries_lse_bf16" + shape).c_str(), observe_queries<bench_bf16>, batch,
+                                     length, true, 0)
+            ->Unit(benchmark::kMicrosecond);
     }
 }
 
@@ -163,7 +205,7 @@ void register_observe_threads() {
                                    2048, threads)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries_lse_threads" + shape).c_str(), observe_queries, batch, 2048,
+      benchmark::RegisterBenchmark(("observe_queries_lse_threads" + shape).c_str(), observe_queries<float>, batch, 2048,
                                    true, threads)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
