@@ -468,7 +468,7 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
                                             cache.batch, max_len);
     require(need == 0 || probs.data.data() != nullptr, fn, "probs.data", "must not be null");
     require(static_cast<std::uint64_t>(need) <= probs.data.size(), fn, "probs.data", "holds ",
-                    probs.data.size(), " values but the view reaches ", need);
+            probs.data.size(), " values but the view reaches ", need);
     for (std::int32_t b = 0; b < cache.batch; ++b) {
       const std::int32_t len = cache.length(b);
       if (len == 0) continue;
@@ -604,7 +604,7 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
   if constexpr (Obs::needs_attention) {
     validate_query_counts(fn, cache, queries);
     require(queries.head_dim == d, fn, "queries.head_dim", "must equal cache.head_dim = ", d, ", got ",
-                    queries.head_dim);
+            queries.head_dim);
     // Typed list: nvcc's front end turns a bare {..} of dependent members into ({..}).
     for (std::int64_t s : std::initializer_list<std::int64_t>{queries.sequence_stride, queries.head_stride,
                                                                 queries.query_stride})
@@ -613,28 +613,28 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
                                             queries.query_stride, cache.batch, d);
     require(need == 0 || queries.data.data() != nullptr, fn, "queries.data", "must not be null");
     require(static_cast<std::uint64_t>(need) <= queries.data.size(), fn, "queries.data", "holds ",
-                    queries.data.size(), " values but the view reaches ", need);
+            queries.data.size(), " values but the view reaches ", need);
     require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
-                    "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+            "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
     // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
     require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
-                    lse.data.size());
+            lse.data.size());
     if (lse.present()) {
       require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
                           lse.qo_indptr.size() == queries.qo_indptr.size(),
-                      fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
+              fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
       for (auto s : {lse.sequence_stride, lse.head_stride, lse.query_stride})
         require(s >= 0, fn, "lse strides", "must be non-negative, got ", s);
       const std::int64_t lneed = reach(queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
                                                cache.batch, 1);
       require(static_cast<std::uint64_t>(lneed) <= lse.data.size(), fn, "lse.data", "holds ", lse.data.size(),
-                      " values but the view reaches ", lneed);
+              " values but the view reaches ", lneed);
       for (std::int32_t b = 0; b < cache.batch; ++b) {
         if (cache.length(b) == 0) continue;
         for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
           for (std::int32_t j = 0; j < queries.queries_of(b); ++j)
             require(std::isfinite(lse.natural(b, qh, j)), fn, "lse", "value at (sequence ", b,
-                            ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
+                    ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
       }
     }
   }

@@ -50,12 +50,16 @@ class work_plan {
   // scratch (compress, select), or no limit.
   std::int32_t max_slices() const noexcept { return max_slices_; }
 
-  // Units [count * index / units ...): contiguous, sizes differing by at most one.
+  // Slice index of count: a contiguous range of the units; the ranges'
+  // sizes differ by at most one (the first units % count get one more).
   void run(slice part) const {
-    scissorhands::detail::require(part.count >= 1 && part.count <= max_slices_, name_, "slice.count", "must be in [1, ",
-                    max_slices_, "] (the slices the plan's workspace was sized for), got ", part.count);
-    scissorhands::detail::require(part.index >= 0 && part.index < part.count, name_, "slice.index", "must be in [0, slice.count = ",
-                    part.count, "), got ", part.index);
+    const bool limited = max_slices_ < std::numeric_limits<std::int32_t>::max();
+    scissorhands::detail::require(part.count >= 1 && part.count <= max_slices_, name_, "slice.count",
+                                  "must be in [1, ", max_slices_, "]",
+                                  limited ? " (the slices the plan's workspace was sized for)" : "", ", got ",
+                                  part.count);
+    scissorhands::detail::require(part.index >= 0 && part.index < part.count, name_, "slice.index",
+                                  "must be in [0, slice.count = ", part.count, "), got ", part.index);
     const std::int64_t share = units_ / part.count, extra = units_ % part.count;
     const std::int64_t first = share * part.index + std::min<std::int64_t>(part.index, extra);
     const std::int64_t end = first + share + (part.index < extra ? 1 : 0);

@@ -141,10 +141,10 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
                 "evict layer by layer with host::compress");
   constexpr bool paged = requires { cache.page_size; };
   require(model.layers > 0 && model.first.step != nullptr, fn, "model", "is not laid out: build it with "
-                  "make_model_state");
+          "make_model_state");
   require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
-                  "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
-                  model.layer_bytes);
+          "must be state_bytes(shape) = ", state_bytes(model.first.shape), " (make_model_state sets it), got ",
+          model.layer_bytes);
   for (std::int32_t l = 0; l < model.layers; ++l) validate_common(fn, policy, cache, model.layer(l));
   validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
@@ -157,7 +157,7 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
           " bytes, below select_workspace_bytes(cache, shape, slices = ", slices, ") = ", need);
   require(workspace.data() != nullptr, fn, "workspace", "must not be null");
   require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(candidate) == 0, fn,
-                  "workspace", "must be aligned to ", alignof(candidate), " bytes");
+          "workspace", "must be aligned to ", alignof(candidate), " bytes");
   validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
                                     {workspace.data(), need, "workspace"});
   // Every sequence that triggers: every layer tracks all its tokens, at the
@@ -167,7 +167,7 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
     const std::int32_t len = cache.length(b);
     const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
     require(pinned >= 0 && pinned <= len, fn, "pinned_prefix", "[", b, "] must be in [0, ", len,
-                    "] (the sequence's length), got ", pinned);
+            "] (the sequence's length), got ", pinned);
     if (len < budget) continue;
     const std::int32_t r = model.first.row(b);
     const eviction_state<memory_space::host> first = model.first;
@@ -175,10 +175,10 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
     for (std::int32_t l = 0; l < model.layers; ++l) {
       const eviction_state<memory_space::host> s = model.layer(l);
       require(s.tracked[r] == len, fn, "model", "layer ", l, " tracks ", s.tracked[r], " of the ", len,
-                      " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
+              " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
       require(s.next_position[r] == first.next_position[r], fn, "model", "layer ", l,
-                      " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
-                      first.next_position[r], ": every layer must see the same tokens");
+              " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
+              first.next_position[r], ": every layer must see the same tokens");
       for (std::int32_t h = 0; h < shape.kv_heads; ++h) {
         const std::int32_t* __restrict here = s.positions + s.row_index(r, h, 0);
         const std::int32_t* __restrict there = first.positions + base;
@@ -191,17 +191,17 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
         std::int32_t t = 0;
         while (here[t] == there[t]) ++t;
         fail(fn, "model", "layer ", l, " head ", h, " holds position ", here[t], " at slot ", t,
-                     " of sequence ", b, ", layer 0 head 0 holds ", there[t],
-                     ": shared_layers needs one token per slot in every layer and head (was a layer compressed on "
-                     "its own?)");
+             " of sequence ", b, ", layer 0 head 0 holds ", there[t],
+             ": shared_layers needs one token per slot in every layer and head (was a layer compressed on "
+             "its own?)");
       }
     }
     const std::int32_t evict = len - budget + m;
     std::int32_t free = 0;
     for (std::int32_t t = pinned; t < len; ++t) free += !is_protected(policy, first, r, base + t);
     require(free >= evict, fn, pinned > 0 ? "pinned_prefix" : "state.positions", "of sequence ", b,
-                    " leave ", free, " tokens that are neither protected nor pinned, fewer than the ", evict,
-                    " to evict (pinned ", pinned, ", budget ", budget, ")");
+            " leave ", free, " tokens that are neither protected nor pinned, fewer than the ", evict,
+            " to evict (pinned ", pinned, ", budget ", budget, ")");
   }
 
   // One unit per sequence; each writes only its own entries of the selection.
@@ -281,7 +281,7 @@ auto plan_compact(const char* fn, const Policy& policy, View cache, eviction_sta
   validate_selection_input(fn, policy, cache, state, selection);
   const std::size_t need = compact_workspace_bytes(cache);
   require(workspace.size() >= need && (need == 0 || workspace.data() != nullptr), fn, "workspace", "holds ",
-                  workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
+          workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
   validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
   {
     byte_range kv[2];
@@ -295,7 +295,7 @@ auto plan_compact(const char* fn, const Policy& policy, View cache, eviction_sta
     for (const byte_range& w : written)
       for (const byte_range& r : read)
         require(!overlaps(w, r), fn, r.name, "must not overlap ", w.name,
-                        " (the call reads it while writing)");
+                " (the call reads it while writing)");
   }
   if constexpr (paged) {
     // Pages that will be written: those holding a slot of [first evicted,
@@ -316,8 +316,8 @@ auto plan_compact(const char* fn, const Policy& policy, View cache, eviction_sta
     for (std::int32_t i = 0; i < listed; ++i) {
       unsigned char& seen = mark[cache.indices[i]];
       require(seen != 2, fn, "cache.indices", "[", i, "] = ", cache.indices[i],
-                      " names a page that compact rewrites and that is listed more than once: shared pages can only "
-                      "lie below a sequence's first evicted slot (pin them in select)");
+              " names a page that compact rewrites and that is listed more than once: shared pages can only "
+              "lie below a sequence's first evicted slot (pin them in select)");
       if (seen == 1) seen = 2;
     }
   }
