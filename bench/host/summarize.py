@@ -42,9 +42,12 @@ def fmt_us(b, cv, name):
 def us(b):
     # CPU time: Google Benchmark's for observe; for compress and the baseline
     # the manual time, which the binary takes from the thread's CPU clock.
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
     manual = b["run_name"].endswith("/manual_time")
-    return (b["real_time"] if manual else b["cpu_time"]) * scale
+    return in_us(b, "real_time" if manual else "cpu_time")
+
+
+def in_us(b, field):
+    return b[field] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
 
 
 def gib(b):
@@ -57,7 +60,7 @@ def shape(name):
 
 def wall_us(b):
     # The threaded benchmarks are timed in wall time (real or manual).
-    return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+    return in_us(b, "real_time")
 
 
 def main():
