@@ -102,7 +102,7 @@ std::int64_t naive_compress(const Policy& policy, const layer& src, const naive_
                             std::vector<naive_candidate>& candidates, std::vector<unsigned char>& keep) {
   const sh::settings& cfg = policy.config;
   const auto row = static_cast<std::size_t>(head_dim) * sizeof(float);
-  const auto words = static_cast<std::size_t>(src.state.shape.ring_words);
+  const std::int32_t words = src.state.shape.ring_words;
   std::int64_t copied = 0;
   for (std::int32_t b = 0; b < src.batch; ++b) {
     const std::int32_t len = src.cache.length(b);
@@ -136,7 +136,8 @@ std::int64_t naive_compress(const Policy& policy, const layer& src, const naive_
         dst.state.positions[o] = src.state.positions[i];
         dst.state.scores[o] = src.state.scores[i];
         dst.state.observed[o] = src.state.observed[i];
-        std::memcpy(dst.state.ring_of(o), src.state.ring_of(i), words * sizeof(std::uint32_t));
+        const sh::history_ring from = src.state.ring_of(b, h, t), to = dst.state.ring_of(b, h, out);
+        for (std::int32_t w = 0; w < words; ++w) to[w] = from[w];
         ++out;
       }
       copied += out;

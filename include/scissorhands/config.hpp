@@ -19,3 +19,13 @@
 #else
 #define SCISSORHANDS_ON_DEVICE 0
 #endif
+
+// Keeps a host function out of line where inlining would cost its
+// vectorisation (host/observe.hpp says where); a no-op elsewhere.
+#if defined(__GNUC__) || defined(__clang__)
+#define SCISSORHANDS_NOINLINE __attribute__((noinline))
+#elif defined(_MSC_VER)
+#define SCISSORHANDS_NOINLINE __declspec(noinline)
+#else
+#define SCISSORHANDS_NOINLINE
+#endif

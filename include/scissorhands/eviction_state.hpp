@@ -15,6 +15,13 @@
 // Per (r, head h, slot t):   position (int32), score, observed (fp32),
 //                            ring_words 32-bit words of history
 //
+// Every per-slot array is slot-major within a (row, head), so a step that
+// updates every token reads and writes consecutive bytes; the history ring
+// too is stored word by word, [row][head][word][slot] (word w of slot t
+// of (r, h) at ring_of_head(r, h)[w * capacity + t]): a step touches one
+// word of every token, and those words are adjacent (4 bytes a token, not
+// a 4-byte word at the ring's stride).
+//
 // Slot t of head h holds the state of the token in cache slot t of head h;
 // compress moves it with the token. `tracked[r]` is how many slots have
 // state; observe admits slots tracked[r] .. length(b)-1 as new tokens at
@@ -30,6 +37,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "history_ring.hpp"
 #include "span.hpp"
 
 namespace scissorhands {
@@ -54,7 +62,7 @@ struct eviction_state {
   std::int32_t* positions = nullptr;      // [rows][kv_heads][capacity]
   float* scores = nullptr;                // [rows][kv_heads][capacity]
   float* observed = nullptr;              // [rows][kv_heads][capacity]
-  std::uint32_t* ring = nullptr;          // [rows][kv_heads][capacity][ring_words]
+  std::uint32_t* ring = nullptr;          // [rows][kv_heads][ring_words][capacity]
   span<const std::int32_t, Space> state_rows;  // [batch] row of each batch position; empty: row b
 
   // The same state seen through this step's batch: position b uses row
@@ -74,8 +82,19 @@ struct eviction_state {
   SCISSORHANDS_HOST_DEVICE std::int64_t index(std::int32_t b, std::int32_t h, std::int32_t t) const {
     return row_index(row(b), h, t);
   }
-  SCISSORHANDS_HOST_DEVICE std::uint32_t* ring_of(std::int64_t token_index) const {
-    return ring + token_index * shape.ring_words;
+  // The history words of head h of row r: word w of slot t at [w * capacity + t].
+  SCISSORHANDS_HOST_DEVICE std::uint32_t* ring_of_head(std::int32_t r, std::int32_t h) const {
+    return ring + (std::int64_t{r} * shape.kv_heads + h) * shape.ring_words * shape.capacity;
+  }
+  // The history of slot t of head h of row r.
+  SCISSORHANDS_HOST_DEVICE history_ring ring_of(std::int32_t r, std::int32_t h, std::int32_t t) const {
+    return {ring_of_head(r, h) + t, shape.capacity};
+  }
+  // The same from a token index (row_index): a division, for code that
+  // holds only the index; loops over slots use the form above.
+  SCISSORHANDS_HOST_DEVICE history_ring ring_of(std::int64_t token_index) const {
+    const std::int64_t head = token_index / shape.capacity;
+    return {ring + head * shape.ring_words * shape.capacity + (token_index - head * shape.capacity), shape.capacity};
   }
 };
 

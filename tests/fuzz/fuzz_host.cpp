@@ -1293,7 +1293,7 @@ class fuzz_case {
       case 6: state_.status[r] = src_.flag() ? 1u : src_.word(); break;
       default:
         if (state_shape_.ring_words > 0)
-          state_.ring[i * static_cast<std::size_t>(state_shape_.ring_words)] = src_.word();
+          state_.ring_of(static_cast<std::int64_t>(i))[0] = src_.word();
         break;
     }
   }
@@ -1340,7 +1340,8 @@ class fuzz_case {
             if (!fresh) continue;
             FUZZ_CHECK(state_.observed[i] == 0.0f && !std::signbit(state_.observed[i]), "observe: a new token's count");
             for (std::size_t w = 0; w < words; ++w)
-              FUZZ_CHECK(state_.ring[i * words + w] == 0u, "observe: a new token's history");
+              FUZZ_CHECK(state_.ring_of(static_cast<std::int64_t>(i))[static_cast<std::int32_t>(w)] == 0u,
+                         "observe: a new token's history");
           }
           const float old_observed = fresh ? 0.0f : old_value(before, &state_.observed[i]);
           if constexpr (std::is_same_v<Hist, sh::unbounded_history>) {
@@ -1372,7 +1373,8 @@ class fuzz_case {
           }
           copy_value(est, &state_.scores[i], 4);
           copy_value(est, &state_.observed[i], 4);
-          if (words > 0) copy_value(est, &state_.ring[i * words], 4 * words);
+          for (std::size_t w = 0; w < words; ++w)
+            copy_value(est, &state_.ring_of(static_cast<std::int64_t>(i))[static_cast<std::int32_t>(w)], 4);
         }
     }
     FUZZ_CHECK(after.state == est, "observe wrote state bytes outside the batch's rows, counters and slots");
@@ -1962,8 +1964,8 @@ class fuzz_case {
     put(st, byte_offset(state_.positions + i), 4);
     put(st, byte_offset(state_.scores + i), 4);
     put(st, byte_offset(state_.observed + i), 4);
-    const auto words = static_cast<std::size_t>(state_shape_.ring_words);
-    if (words > 0) put(st, byte_offset(state_.ring + i * words), 4 * words);
+    for (std::int32_t w = 0; w < state_shape_.ring_words; ++w)  // word-major: one word at a time
+      put(st, byte_offset(&state_.ring_of(static_cast<std::int64_t>(i))[w]), 4);
     return out;
   }
 
@@ -1983,8 +1985,8 @@ class fuzz_case {
     get(st, byte_offset(state_.positions + i), 4);
     get(st, byte_offset(state_.scores + i), 4);
     get(st, byte_offset(state_.observed + i), 4);
-    const auto words = static_cast<std::size_t>(state_shape_.ring_words);
-    if (words > 0) get(st, byte_offset(state_.ring + i * words), 4 * words);
+    for (std::int32_t w = 0; w < state_shape_.ring_words; ++w)
+      get(st, byte_offset(&state_.ring_of(static_cast<std::int64_t>(i))[w]), 4);
   }
 
   void check_after_compress(const view_type& v, const snapshot& before, std::int32_t budget,
@@ -3084,7 +3086,7 @@ class layers_case {
           for (std::int32_t hh = 0; hh < sshape_.kv_heads; ++hh) layer(ll).scores[slot(r, hh, t)] = 0.25f;
         break;
       default:
-        if (sshape_.ring_words > 0) s.ring[i * static_cast<std::size_t>(sshape_.ring_words)] = src_.word();
+        if (sshape_.ring_words > 0) s.ring_of(static_cast<std::int64_t>(i))[0] = src_.word();
         break;
     }
   }
@@ -3717,7 +3719,6 @@ class layers_case {
                    std::string(fn) + " wrote K or V of another layer (or forget wrote K or V)");
     std::vector<std::uint8_t> ek = before.k[ul], ev = before.v[ul], est = before.state;
     const state_type st = layer(c.l);
-    const auto words = static_cast<std::size_t>(sshape_.ring_words);
     const std::size_t row = 4 * static_cast<std::size_t>(shape_.head_dim);
     const bool fill = c.compact && policy_.config.compaction_mode == sh::compaction::fill_holes;
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
@@ -3742,9 +3743,10 @@ class layers_case {
             const std::size_t o = byte_offset(base);
             std::memcpy(est.data() + o + 4 * to_i, before.state.data() + o + 4 * from_i, 4);
           }
-          if (words > 0) {
-            const std::size_t o = byte_offset(st.ring);
-            std::memcpy(est.data() + o + 4 * words * to_i, before.state.data() + o + 4 * words * from_i, 4 * words);
+          for (std::int32_t w = 0; w < sshape_.ring_words; ++w) {
+            const std::size_t to_o = byte_offset(&st.ring_of(r, h, t)[w]);
+            const std::size_t from_o = byte_offset(&st.ring_of(r, h, from)[w]);
+            std::memcpy(est.data() + to_o, before.state.data() + from_o, 4);
           }
         }
       }

@@ -630,6 +630,22 @@ TEST_CASE("bad input: infinite or above-one probability", "[bad_input]") {
   }
 }
 
+TEST_CASE("bad input: the probability bounds on the bits (-0 and 1.001 pass, their neighbours fail)", "[bad_input]") {
+  // The check runs on the float's bits: pin its edges.
+  for (float x : {-0.0f, 0.0f, std::numeric_limits<float>::denorm_min(), 1.001f}) {
+    contiguous_fixture f;
+    f.probs[1] = x;
+    INFO("probability " << x);
+    REQUIRE_NOTHROW(observe_with(f, f.view()));
+  }
+  for (float x : {-std::numeric_limits<float>::denorm_min(), std::nextafter(1.001f, 2.0f), -nan_f, -inf_f}) {
+    contiguous_fixture f;
+    f.probs[1] = x;
+    INFO("probability " << x);
+    check_refused(f, "host::observe_probabilities", "probs", [&] { observe_with(f, f.view()); });
+  }
+}
+
 TEST_CASE("bad input: probabilities past the visible columns are not read", "[bad_input]") {
   // The contrast case: NaN where no query looks is fine.
   contiguous_fixture f;

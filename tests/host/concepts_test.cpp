@@ -95,17 +95,17 @@ static_assert(!sh::observation_policy<sh::unbounded_history>);
 struct update_returns_int {
   static constexpr const char* name = "update_returns_int";
   static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
-  static int update(float&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) { return 0; }
+  static int update(float&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) { return 0; }
 };
 struct wide_ring_words {
   static constexpr const char* name = "wide_ring_words";
   static constexpr std::int64_t ring_words(const settings&, bool) { return 0; }
-  static void update(float&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) {}
+  static void update(float&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) {}
 };
 struct score_by_value {  // cannot write the score back
   static constexpr const char* name = "score_by_value";
   static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
-  static void update(float&&, float&, std::uint32_t*, std::int64_t, float, const settings&, bool) {}
+  static void update(float&&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) {}
 };
 static_assert(!sh::history_policy<update_returns_int>);
 static_assert(!sh::history_policy<wide_ring_words>);

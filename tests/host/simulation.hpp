@@ -400,8 +400,13 @@ class simulation {
     const auto* pos = reinterpret_cast<const std::int32_t*>(base + off.positions);
     const auto* score = reinterpret_cast<const float*>(base + off.scores);
     const auto* obs = reinterpret_cast<const float*>(base + off.observed);
-    const auto* ring = reinterpret_cast<const std::uint32_t*>(base + off.ring);
-    const auto words = static_cast<std::size_t>(st_.shape.ring_words);
+    auto snapshot = st_.state;
+    snapshot.ring = reinterpret_cast<std::uint32_t*>(base + off.ring);
+    const auto same_ring = [&](std::int64_t i) {
+      for (std::int32_t w = 0; w < st_.shape.ring_words; ++w)
+        if (snapshot.ring_of(i)[w] != st_.state.ring_of(i)[w]) return false;
+      return true;
+    };
     for (std::int32_t b = 0; b < spec_.batch(); ++b) {
       const auto old_len = slots_before[static_cast<std::size_t>(b * spec_.kv_heads)].size();
       if (static_cast<std::size_t>(new_lengths[static_cast<std::size_t>(b)]) != old_len) continue;
@@ -409,9 +414,7 @@ class simulation {
         for (std::int32_t t = 0; t < st_.shape.capacity; ++t) {
           const auto i = st_.at(b, h, t);
           if (pos[i] != st_.state.positions[i] || !same_bits(score[i], st_.state.scores[i]) ||
-              !same_bits(obs[i], st_.state.observed[i]) ||
-              std::memcmp(ring + static_cast<std::size_t>(i) * words, st_.state.ring_of(i),
-                          words * sizeof(std::uint32_t)) != 0)
+              !same_bits(obs[i], st_.state.observed[i]) || !same_ring(i))
             return "state of seq " + std::to_string(b) + " (below budget) changed at head " + std::to_string(h) +
                    " slot " + std::to_string(t);
         }

@@ -51,7 +51,13 @@ TEST_CASE("state arrays lie inside the buffer, aligned and disjoint", "[state]")
       if (i + 1 < std::size(r)) CHECK(begin + r[i].n <= static_cast<const std::byte*>(r[i + 1].p));
     }
     CHECK(st.index(2, 4, 36) == static_cast<std::int64_t>(tokens) - 1);
-    CHECK(st.ring_of(1) == st.ring + words);
+    // Word-major ring: word w of slot t of (r, h) at [((r * H + h) * words + w) * capacity + t].
+    if (words > 0) {
+      CHECK(&st.ring_of(1)[0] == st.ring + 1);
+      CHECK(&st.ring_of(2, 4, 36)[words - 1] == st.ring + ((2 * 5 + 4) * std::int64_t{words} + words - 1) * 37 + 36);
+      CHECK(&st.ring_of(st.index(2, 4, 36))[words - 1] == &st.ring_of(2, 4, 36)[words - 1]);
+      CHECK(st.ring_of_head(1, 0) == st.ring + 5 * std::int64_t{words} * 37);
+    }
   }
   // The shape a policy needs for a cache.
   const auto cache = make_contiguous(layout_kind::nhd, 2, 3, 8, 11, 1);

@@ -163,6 +163,8 @@ inline void prefetch_row(const void* row, std::int32_t bytes) {
 inline constexpr std::int32_t query_scratch_floats = 4096;
 inline constexpr std::int32_t key_scratch_floats = 512;
 inline constexpr std::int32_t logit_tile = 16;
+// Slots observe_probabilities combines and records at a time (on the stack).
+inline constexpr std::int32_t record_tile = 256;
 
 template <class T>
 void validate_cache(const char* fn, const kv_view<T, memory_space::host>& cache) {
@@ -263,21 +265,58 @@ void admit(const Policy& policy, const View& cache, const eviction_state<memory_
         else
           state.scores[i] = Obs::static_score(cache.k_row(b, h, t), cache.head_dim, position, h, policy.config);
         state.observed[i] = 0.0f;
-        if (words > 0) std::memset(state.ring_of(i), 0, sizeof(std::uint32_t) * static_cast<std::size_t>(words));
       }
+      // The ring is word-major: each word of the new slots is one run.
+      std::uint32_t* ring = state.ring_of_head(r, h);
+      for (std::int32_t w = 0; w < words && first < len; ++w)
+        std::memset(ring + std::int64_t{w} * state.shape.capacity + first, 0,
+                    sizeof(std::uint32_t) * static_cast<std::size_t>(len - first));
     }
     state.next_position[r] += len - first;
     state.tracked[r] = len;
   }
 }
 
-// Feeds one step's combined probability of slot t to its history.
+// acc[u] = Gqa::combine(acc[u], p[u]) for u < n. Kept out of line: inlined
+// into the loop over the group's heads, GCC unrolls-and-jams that loop
+// nest into a scalar one (-floop-unroll-and-jam, on at -O3).
+template <class Gqa>
+SCISSORHANDS_NOINLINE void combine_row(float* __restrict acc, const float* __restrict p, std::int32_t n) {
+  for (std::int32_t u = 0; u < n; ++u) acc[u] = Gqa::combine(acc[u], p[u]);
+}
+
+// Feeds one step's combined probability of slot t of head h of row r to
+// its history.
 template <class Policy>
-inline void record(const Policy& policy, const eviction_state<memory_space::host>& state, std::int64_t i,
-                   std::int64_t step, float probability, std::int32_t visible) {
+inline void record(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
+                   std::int32_t h, std::int32_t t, std::int64_t step, float probability, std::int32_t visible) {
   using Obs = typename Policy::observation;
   const float c = Obs::contribution(probability, visible, policy.config);
-  Policy::history::update(state.scores[i], state.observed[i], state.ring_of(i), step, c, policy.config, Obs::binary);
+  const std::int64_t i = state.row_index(r, h, t);
+  Policy::history::update(state.scores[i], state.observed[i], state.ring_of(r, h, t), step, c, policy.config,
+                          Obs::binary);
+}
+
+// record() for slots t0 .. t0 + n - 1 of head h of row r, combined[u] the
+// probability of slot t0 + u: the same operations per slot, with the
+// slot's pointers advanced in step so that the loop vectorises (the
+// window slot of `step` and its ring word are the same for every token,
+// and word-major, the words of consecutive slots are adjacent).
+template <class Policy>
+inline void record_run(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
+                       std::int32_t h, std::int32_t t0, std::int32_t n, std::int64_t step,
+                       const float* __restrict combined, std::int32_t visible) {
+  using Obs = typename Policy::observation;
+  const settings cfg = policy.config;
+  const std::int64_t i0 = state.row_index(r, h, t0);
+  float* __restrict scores = state.scores + i0;
+  float* __restrict observed = state.observed + i0;
+  const history_ring ring = state.ring_of(r, h, t0);
+  for (std::int32_t u = 0; u < n; ++u) {
+    const float c = Obs::contribution(combined[u], visible, cfg);
+    Policy::history::update(scores[u], observed[u], history_ring{ring.word0 + u, ring.stride}, step, c, cfg,
+                            Obs::binary);
+  }
 }
 
 // observe_queries' work after validation and admission, for group x
@@ -379,11 +418,12 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
           for (std::int32_t g = 0; g < group; ++g)
             for (std::int32_t u = 0; u < n; ++u) z[g * tile + u] = exp_approx(z[g * tile + u]);
         }
-        for (std::int32_t u = 0; u < n; ++u) {
-          float acc = Gqa::identity();
-          for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, z[g * tile + u]);
-          record(policy, state, state.row_index(r, h, t0 + u), step, Gqa::finish(acc, group), visible);
-        }
+        float combined[tile];
+        for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::identity();
+        for (std::int32_t g = 0; g < group; ++g)
+          for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::combine(combined[u], z[g * tile + u]);
+        for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::finish(combined[u], group);
+        record_run(policy, state, r, h, t0, n, step, combined, visible);
       }
     }
   }
@@ -477,10 +517,16 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
         for (std::int32_t j = 0; j < q_len; ++j) {
           const float* __restrict row = probs.row(b, qh, j);
           const std::int32_t visible = len - q_len + j + 1;
-          // A branch-free pass the compiler vectorises (NaN fails both
-          // comparisons); the slot is looked up only to name it.
-          bool valid = true;
-          for (std::int32_t t = 0; t < visible; ++t) valid &= (row[t] >= 0.0f) & (row[t] <= 1.001f);
+          // A branch-free pass on the bits, which the compiler vectorises
+          // (float comparisons it does not, under -ftrapping-math): x is in
+          // [0, 1.001] iff its bits are at most 1.001f's or it is -0; NaN and
+          // negatives fail. The slot is looked up only to name it.
+          constexpr std::uint32_t most = std::bit_cast<std::uint32_t>(1.001f), minus_zero = 0x80000000u;
+          std::uint32_t valid = 1;
+          for (std::int32_t t = 0; t < visible; ++t) {
+            const auto x = std::bit_cast<std::uint32_t>(row[t]);
+            valid &= (x <= most) | (x == minus_zero);
+          }
           if (valid) [[likely]]
             continue;
           std::int32_t t = 0;
@@ -506,13 +552,18 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
         const std::int32_t r = state.row(b);
         const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
         const float* rows[max_group_size];
+        float combined[record_tile];
         for (std::int32_t j = 0; j < q_len; ++j) {
           const std::int32_t visible = len - q_len + j + 1;
           for (std::int32_t g = 0; g < group; ++g) rows[g] = probs.row(b, h * group + g, j);
-          for (std::int32_t t = 0; t < visible; ++t) {
-            float acc = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, rows[g][t]);
-            record(policy, state, state.row_index(r, h, t), first_step + j, Gqa::finish(acc, group), visible);
+          // A tile of slots at a time: the group combined head by head (in
+          // head order, as per slot), then the tile recorded.
+          for (std::int32_t t0 = 0; t0 < visible; t0 += record_tile) {
+            const std::int32_t n = std::min(record_tile, visible - t0);
+            for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::identity();
+            for (std::int32_t g = 0; g < group; ++g) combine_row<Gqa>(combined, rows[g] + t0, n);
+            for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::finish(combined[u], group);
+            record_run(policy, state, r, h, t0, n, first_step + j, combined, visible);
           }
         }
       }
@@ -584,7 +635,7 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
         group_logits(cache.k_row(b, h, t));
         float acc = Gqa::identity();
         for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
-        record(policy, state, state.row_index(r, h, t), step, Gqa::finish(acc, group), visible);
+        record(policy, state, r, h, t, step, Gqa::finish(acc, group), visible);
       }
     }
   }

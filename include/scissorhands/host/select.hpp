@@ -375,7 +375,7 @@ auto plan_forget(const char* fn, const Policy& policy, View cache, eviction_stat
     apply_selection(cache, state, selection, true, static_cast<std::int32_t>(first_unit),
                     static_cast<std::int32_t>(end_unit), [&](std::int32_t b, std::int32_t from, std::int32_t to) {
                       for (std::int32_t h = 0; h < cache.kv_heads; ++h)
-                        move_state(state, state.index(b, h, from), state.index(b, h, to));
+                        move_state(state, state.row(b), h, from, to);
                     });
   }, std::int64_t{cache.batch});
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../history_ring.hpp"
 #include "granularity.hpp"
 #include "settings.hpp"
 
@@ -35,7 +36,7 @@ template <class P>
 concept observation_policy = attention_observation<P> || static_observation<P>;
 
 template <class P>
-concept history_policy = named_policy<P> && requires(float& score, float& observed, std::uint32_t* ring,
+concept history_policy = named_policy<P> && requires(float& score, float& observed, history_ring ring,
                                                      std::int64_t step, float c, const settings& s, bool binary) {
   { P::ring_words(s, binary) } -> std::same_as<std::int32_t>;
   { P::update(score, observed, ring, step, c, s, binary) } -> std::same_as<void>;

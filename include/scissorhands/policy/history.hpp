@@ -1,11 +1,13 @@
 #pragma once
 // History policies: how a token's observations are aggregated over steps.
 // Per token the state holds a score, the (possibly decayed) number of steps
-// it was observed, and ring_words() 32-bit words of history of its own.
+// it was observed, and ring_words() 32-bit words of history of its own,
+// which update() reaches as ring[0 .. ring_words() - 1] (history_ring).
 #include <cmath>
 #include <cstdint>
 
 #include "../config.hpp"
+#include "../history_ring.hpp"
 #include "settings.hpp"
 
 namespace scissorhands {
@@ -14,7 +16,7 @@ namespace scissorhands {
 struct unbounded_history {
   static constexpr const char* name = "unbounded";
   static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
-  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, std::uint32_t*, std::int64_t,
+  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, history_ring, std::int64_t,
                                               float contribution, const settings&, bool) {
     score += contribution;
     observed += 1.0f;
@@ -35,7 +37,7 @@ struct sliding_window {
     // In 64 bits: window + 31 overflows int32 for a window near INT32_MAX.
     return binary ? static_cast<std::int32_t>((std::int64_t{s.window} + 31) / 32) : s.window;
   }
-  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, std::uint32_t* ring, std::int64_t step,
+  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, history_ring ring, std::int64_t step,
                                               float contribution, const settings& s, bool binary) {
     const auto slot = static_cast<std::int32_t>(step % s.window);
     float oldest;
@@ -59,7 +61,7 @@ struct sliding_window {
 struct exponential_decay {
   static constexpr const char* name = "exponential_decay";
   static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
-  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, std::uint32_t*, std::int64_t,
+  SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, history_ring, std::int64_t,
                                               float contribution, const settings& s, bool) {
     score = fmaf(score, s.decay, contribution);
     observed = fmaf(observed, s.decay, 1.0f);

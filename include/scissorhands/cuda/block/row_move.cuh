@@ -1,30 +1,33 @@
 #pragma once
-// Row moves for compaction. Rows are contiguous byte ranges; `vec` (16, 8,
-// 4, 2 or 1) is the widest unit that divides every row address and the row
-// size, so K/V rows of aligned caches move 16 bytes at a time.
+// Row moves for compaction. A row is `row_bytes / vec` units of `vec` bytes
+// (16, 8, 4, 2 or 1: the widest that divides every row address and the row
+// size, so K/V rows of aligned caches move 16 bytes at a time), unit u at
+// byte u * unit_stride from the row's start: unit_stride = vec for a
+// contiguous row, the state's capacity x 4 for a token's word-major history
+// ring (eviction_state.hpp).
 #include <cstddef>
 #include <climits>
 #include <cstdint>
 
 namespace scissorhands::cuda::block {
 
-// Copies unit `unit` (of `vec` bytes) of a row.
-__device__ inline void copy_unit(std::byte* dst, const std::byte* src, std::int64_t unit, int vec) {
+// Copies the `vec`-byte unit at dst from the one at src.
+__device__ inline void copy_unit(std::byte* dst, const std::byte* src, int vec) {
   switch (vec) {
     case 16:
-      reinterpret_cast<uint4*>(dst)[unit] = reinterpret_cast<const uint4*>(src)[unit];
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
       break;
     case 8:
-      reinterpret_cast<uint2*>(dst)[unit] = reinterpret_cast<const uint2*>(src)[unit];
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
       break;
     case 4:
-      reinterpret_cast<std::uint32_t*>(dst)[unit] = reinterpret_cast<const std::uint32_t*>(src)[unit];
+      *reinterpret_cast<std::uint32_t*>(dst) = *reinterpret_cast<const std::uint32_t*>(src);
       break;
     case 2:
-      reinterpret_cast<std::uint16_t*>(dst)[unit] = reinterpret_cast<const std::uint16_t*>(src)[unit];
+      *reinterpret_cast<std::uint16_t*>(dst) = *reinterpret_cast<const std::uint16_t*>(src);
       break;
     default:
-      dst[unit] = src[unit];
+      *dst = *src;
   }
 }
 
@@ -52,11 +55,11 @@ __device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&&
 // Moves `pairs` rows, pair p from row_at(src[p]) to row_at(dst[p]), with all
 // the block's threads. Sources and destinations must be distinct rows.
 template <int Threads, class RowAt>
-__device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, const std::int32_t* src,
-                          const std::int32_t* dst, std::int32_t pairs) {
+__device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
+                          const std::int32_t* src, const std::int32_t* dst, std::int32_t pairs) {
   const std::int64_t units = row_bytes / vec;
   for_each_unit<Threads>(units, pairs, [&](std::int32_t p, std::int64_t unit) {
-    copy_unit(row_at(dst[p]), row_at(src[p]), unit, vec);
+    copy_unit(row_at(dst[p]) + unit * unit_stride, row_at(src[p]) + unit * unit_stride, vec);
   });
 }
 
@@ -66,8 +69,10 @@ __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, const s
 // a time: every source of a group is read before any of its destinations is
 // written, and a destination is never a later group's source (dst_of(t) <=
 // t), so the shift is safe in place. `dst_slot` holds `max_group` ints.
+// The stage holds rows contiguously whatever their unit_stride.
 template <int Threads, class RowAt>
-__device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, const std::int32_t* evicted,
+__device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
+                           const std::int32_t* evicted,
                            std::int32_t e, std::int32_t len, std::byte* stage, std::int64_t stage_bytes,
                            std::int32_t* dst_slot, std::int32_t max_group) {
   if (e == 0) return;
@@ -90,16 +95,17 @@ __device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, const 
     __syncthreads();
     if (staged) {
       for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
-        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes, row_at(start + r), unit, vec);
+        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes + unit * vec, row_at(start + r) + unit * unit_stride, vec);
       });
       __syncthreads();
       for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
-        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]), stage + r * row_bytes, unit, vec);
+        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]) + unit * unit_stride, stage + r * row_bytes + unit * vec, vec);
       });
     } else if (dst_slot[0] >= 0) {
       // A row larger than the stage: one at a time, straight (its
       // destination's token has already moved, and the rows are distinct).
-      for (std::int64_t i = threadIdx.x; i < units; i += Threads) copy_unit(row_at(dst_slot[0]), row_at(start), i, vec);
+      for (std::int64_t i = threadIdx.x; i < units; i += Threads)
+        copy_unit(row_at(dst_slot[0]) + i * unit_stride, row_at(start) + i * unit_stride, vec);
     }
     __syncthreads();
   }

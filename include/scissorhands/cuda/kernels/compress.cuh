@@ -245,13 +245,14 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
   const std::int32_t kept = len - e;
   const std::int64_t base = state.row_index(r, h, 0);
   const std::int32_t words = state.shape.ring_words;
-  const int ring_vec = words % 4 == 0 ? 16 : 4;
+  // A token's history is `words` words capacity x 4 bytes apart (word-major).
+  const std::int64_t ring_unit_stride = std::int64_t{state.shape.capacity} * 4;
   const k_rows k_at{rows, b, h};
   const v_rows v_at{rows, b, h};
   const strided_rows pos_at{reinterpret_cast<std::byte*>(state.positions + base), 4};
   const strided_rows score_at{reinterpret_cast<std::byte*>(state.scores + base), 4};
   const strided_rows observed_at{reinterpret_cast<std::byte*>(state.observed + base), 4};
-  const strided_rows ring_at{reinterpret_cast<std::byte*>(state.ring_of(base)), std::int64_t{words} * 4};
+  const strided_rows ring_at{reinterpret_cast<std::byte*>(state.ring_of_head(r, h)), 4};
 
   if (!stable) {
     // holes: evicted slots below kept (a prefix of the ascending list).
@@ -280,31 +281,33 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
       }
       __syncthreads();
       if (move_kv) {
-        block::move_rows<traits::threads>(k_at, row_bytes, vec, src_slot, dst_slot, pairs);
-        block::move_rows<traits::threads>(v_at, row_bytes, vec, src_slot, dst_slot, pairs);
+        block::move_rows<traits::threads>(k_at, row_bytes, vec, vec, src_slot, dst_slot, pairs);
+        block::move_rows<traits::threads>(v_at, row_bytes, vec, vec, src_slot, dst_slot, pairs);
       }
-      block::move_rows<traits::threads>(pos_at, 4, 4, src_slot, dst_slot, pairs);
-      block::move_rows<traits::threads>(score_at, 4, 4, src_slot, dst_slot, pairs);
-      block::move_rows<traits::threads>(observed_at, 4, 4, src_slot, dst_slot, pairs);
-      if (words > 0) block::move_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(pos_at, 4, 4, 4, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(score_at, 4, 4, 4, src_slot, dst_slot, pairs);
+      block::move_rows<traits::threads>(observed_at, 4, 4, 4, src_slot, dst_slot, pairs);
+      if (words > 0)
+        block::move_rows<traits::threads>(ring_at, std::int64_t{words} * 4, 4, ring_unit_stride, src_slot, dst_slot,
+                                          pairs);
       __syncthreads();
     }
   } else {
     auto* staging = reinterpret_cast<std::byte*>(stage);
     if (move_kv) {
-      block::shift_rows<traits::threads>(k_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+      block::shift_rows<traits::threads>(k_at, row_bytes, vec, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                          traits::pair_batch);
-      block::shift_rows<traits::threads>(v_at, row_bytes, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+      block::shift_rows<traits::threads>(v_at, row_bytes, vec, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                          traits::pair_batch);
     }
-    block::shift_rows<traits::threads>(pos_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+    block::shift_rows<traits::threads>(pos_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                        traits::pair_batch);
-    block::shift_rows<traits::threads>(score_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+    block::shift_rows<traits::threads>(score_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                        traits::pair_batch);
-    block::shift_rows<traits::threads>(observed_at, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
+    block::shift_rows<traits::threads>(observed_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                        traits::pair_batch);
     if (words > 0)
-      block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, ring_vec, evicted, e, len, staging,
+      block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, 4, ring_unit_stride, evicted, e, len, staging,
                                          traits::stage_bytes, dst_slot, traits::pair_batch);
   }
 }

@@ -36,7 +36,7 @@ __device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows,
   else
     state.scores[i] = Obs::static_score(rows.k_row(b, h, t), head_dim, position, h, cfg);
   state.observed[i] = 0.0f;
-  std::uint32_t* ring = state.ring_of(i);
+  const history_ring ring = state.ring_of(r, h, t);
   for (std::int32_t w = 0; w < state.shape.ring_words; ++w) ring[w] = 0u;
 }
 
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
   const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
   for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < hi; t += slot_traits::threads) {
     const std::int64_t i = state.row_index(r, h, t);
-    std::uint32_t* ring = state.ring_of(i);
+    const history_ring ring = state.ring_of(r, h, t);
     float score, observed;
     if (t >= first) {
       state.positions[i] = next + (t - first);

@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
     const std::int64_t i = state.row_index(row, h, t);
     float score = state.scores[i], observed = state.observed[i];
     const float c = Obs::contribution(Gqa::finish(combined, group), visible, cfg);
-    History::update(score, observed, state.ring_of(i), step, c, cfg, Obs::binary);
+    History::update(score, observed, state.ring_of(row, h, t), step, c, cfg, Obs::binary);
     state.scores[i] = score;
     state.observed[i] = observed;
   };

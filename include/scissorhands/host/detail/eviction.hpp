@@ -90,13 +90,16 @@ inline unsigned char* page_marks_of(std::byte* workspace, std::int32_t slots, st
 
 // Moves slot `from` of head h to slot `to`: the token's state, and its K and
 // V rows when a cache is given (forget moves the state only).
-inline void move_state(const eviction_state<memory_space::host>& state, std::int64_t src, std::int64_t dst) {
+inline void move_state(const eviction_state<memory_space::host>& state, std::int32_t r, std::int32_t h,
+                       std::int32_t from, std::int32_t to) {
+  const std::int64_t src = state.row_index(r, h, from);
+  const std::int64_t dst = state.row_index(r, h, to);
   state.positions[dst] = state.positions[src];
   state.scores[dst] = state.scores[src];
   state.observed[dst] = state.observed[src];
-  const std::int32_t words = state.shape.ring_words;
-  if (words > 0)
-    std::memcpy(state.ring_of(dst), state.ring_of(src), sizeof(std::uint32_t) * static_cast<std::size_t>(words));
+  const history_ring src_ring = state.ring_of(r, h, from);
+  const history_ring dst_ring = state.ring_of(r, h, to);
+  for (std::int32_t w = 0; w < state.shape.ring_words; ++w) dst_ring[w] = src_ring[w];
 }
 template <class View>
 inline void move_token(const View& cache, const eviction_state<memory_space::host>& state, std::int32_t b,
@@ -105,7 +108,7 @@ inline void move_token(const View& cache, const eviction_state<memory_space::hos
   const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
   std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
   std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
-  move_state(state, state.index(b, h, from), state.index(b, h, to));
+  move_state(state, state.row(b), h, from, to);
 }
 
 // Whether token state i of state row r is protected.
