@@ -14,6 +14,9 @@
 // (mean, position), the first `evict` taken. It reads 8 bytes per (layer,
 // head, slot) (no consistency check). Untimed, once: both must choose the
 // same slots.
+//
+// local_scores and select_reduced: tensor parallelism's split of select
+// (partial_scores.hpp), on the same model.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -153,6 +156,45 @@ void select_naive(benchmark::State& st, shared_policy policy, std::int32_t batch
   st.counters["same_slots"] = library == chosen ? 1.0 : 0.0;
 }
 
+// Tensor parallelism's two halves on the same model (one rank holding all
+// 8 heads: each rank of R reads 1/R of the state in local_scores and the
+// whole reduced buffer in select): local_scores writes the partial buffer
+// (4 bytes per (layer, sequence, slot)), select_reduced reads it instead of
+// the state. Their sum against select is the host cost of agreeing.
+// A partial-scores buffer for the fixture's model (all kv_heads on this rank).
+sh::partial_scores<sh::memory_space::host> partial_for(const model_fixture& f, std::vector<float>& buffer) {
+  const std::int32_t capacity = f.model.first.shape.capacity;
+  buffer.assign(sh::partial_score_count(num_layers, f.cache.batch, capacity), 0.0f);
+  return {{buffer.data(), buffer.size()}, num_layers, f.cache.batch, capacity, kv_heads};
+}
+
+void local_scores(benchmark::State& st, shared_policy policy, std::int32_t batch, std::int32_t budget) {
+  model_fixture f = make_model(policy, batch, budget);
+  std::vector<float> partial;
+  const auto scores = partial_for(f, partial);
+  for (auto _ : st) {
+    sh::host::local_scores(policy, f.cache.cache, f.model, budget, scores);
+    benchmark::ClobberMemory();
+  }
+  const auto cells = static_cast<std::int64_t>(f.cache.tokens()) * num_layers;
+  st.SetBytesProcessed(st.iterations() * (cells * 12 + static_cast<std::int64_t>(partial.size()) * 4));
+}
+
+void select_reduced(benchmark::State& st, shared_policy policy, std::int32_t batch, std::int32_t budget) {
+  model_fixture f = make_model(policy, batch, budget);
+  std::vector<float> partial;
+  const auto scores = partial_for(f, partial);
+  sh::host::local_scores(policy, f.cache.cache, f.model, budget, scores);
+  for (auto _ : st) {
+    sh::host::select(policy, f.cache.cache, f.model, budget, scores, f.cache.workspace, f.selection);
+    benchmark::ClobberMemory();
+  }
+  // Reads the reduced buffer and, for its checks, positions of every layer and head.
+  const auto cells = static_cast<std::int64_t>(f.cache.tokens()) * num_layers;
+  st.SetBytesProcessed(st.iterations() * (cells * 4 + static_cast<std::int64_t>(partial.size()) * 4));
+  st.SetItemsProcessed(st.iterations() * batch * policy.config.evict_count);
+}
+
 }  // namespace
 
 void register_select() {
@@ -167,6 +209,10 @@ void register_select() {
       benchmark::RegisterBenchmark(("select/shared_layers" + shape).c_str(), select_library, p, batch, 2048)
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("naive_select/shared_layers" + shape).c_str(), select_naive, p, batch, 2048)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("local_scores/shared_layers" + shape).c_str(), local_scores, p, batch, 2048)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("select_reduced/shared_layers" + shape).c_str(), select_reduced, p, batch, 2048)
           ->Unit(benchmark::kMicrosecond);
     }
 }

@@ -16,6 +16,7 @@
 #include "kv_view.hpp"
 #include "model_state.hpp"
 #include "paged_kv_view.hpp"
+#include "partial_scores.hpp"
 #include "policy/budget.hpp"
 #include "policy/concepts.hpp"
 #include "policy/eviction_policy.hpp"

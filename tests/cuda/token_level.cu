@@ -27,9 +27,17 @@
 //                 refusals (invalid_argument, nothing launched).
 //   graph         select + compact of every layer captured in a CUDA graph
 //                 and replayed, against the host.
+//   tensor_parallel
+//                 simulated ranks, each holding some of every layer's heads
+//                 (partial_scores.hpp): cuda::local_scores against the
+//                 host's, then select on the reduced scores against one
+//                 rank over all heads. tensor_parallel_multi_gpu (only when
+//                 named in --only) puts rank k on device k % count and exits
+//                 77 below two devices.
 //
 // Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
-//                                           [--only differential,errors,graph] [--quick] [--long N]
+//                                           [--only differential,errors,graph,tensor_parallel,
+//                                                   tensor_parallel_multi_gpu] [--quick] [--long N]
 // --long N makes the first N configurations long sequences (> 4096 slots:
 // selection beyond the shared-memory tile), --quick or not.
 // Exit status: 0 all passed, 1 a failure, 77 no CUDA device.
@@ -1408,6 +1416,156 @@ int run_graph_test() {
   return ok ? 0 : 1;
 }
 
+// ---------------------------------------------------------------------------
+// Tensor parallelism (partial_scores.hpp): R ranks, each holding H / R KV
+// heads of every layer, on one device or (multi_gpu) rank k on device
+// k % count. Each rank's cuda::local_scores must equal host::local_scores
+// on its shard bit for bit; the test all-reduces the partials (rank order,
+// through host memory, standing in for NCCL), every rank's cuda::select on
+// the reduced buffer must choose exactly what host::select chooses on the
+// whole model (window counts, not normalised: every sum is exact).
+int run_tensor_parallel(bool multi_gpu) {
+  using policy_t = sh::with_granularity<sh::scissorhands_paper_policy, g_layers_mean>;
+  constexpr int B = 3, L = 2, H = 4, D = 8, cap = 40, budget = 24, m = 3;
+  policy_t policy;
+  policy.config.window = 16;
+  policy.config.recent = 4;
+  policy.config.evict_count = m;
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (multi_gpu && devices < 2) {
+    std::printf("tensor_parallel_multi_gpu: %d device(s), needs 2: skipping\n", devices);
+    return -1;
+  }
+  const std::vector<std::int32_t> lengths{30, 12, 24};
+  const sh::state_shape whole_shape{B, H, cap, policy.ring_words()};
+  // The whole model on the host, admitted, with integer window counts.
+  std::vector<float> hk(std::size_t{B} * cap * H * D, 0.5f), hv = hk;
+  const auto host_view = [&](std::vector<float>& k, std::vector<float>& v, int heads) {
+    return sh::make_kv_view<float, host_space>({k.data(), k.size()}, {v.data(), v.size()},
+                                               {lengths.data(), lengths.size()}, B, heads, D, cap,
+                                               sh::named_layout::nhd);
+  };
+  aligned_bytes whole_buf(sh::model_state_bytes(whole_shape, L));
+  const auto whole = sh::make_model_state(whole_buf.span(), whole_shape, L);
+  sh::host::reset_state(whole);
+  std::mt19937_64 rng(5);
+  for (int l = 0; l < L; ++l) {
+    sh::host::admit(policy, host_view(hk, hv, H), whole.layer(l));
+    const auto st = whole.layer(l);
+    for (std::int64_t i = 0; i < std::int64_t{B} * H * cap; ++i) {
+      st.scores[i] = static_cast<float>(rng() % 17);
+      st.observed[i] = 16.0f;
+    }
+  }
+  // The reference: one rank, all heads.
+  const int stride = sh::max_evictions(cap, budget, m);
+  std::vector<std::int32_t> ref_counts(B), ref_slots(std::size_t{B} * stride, -1), ref_new(B);
+  aligned_bytes ref_ws(sh::host::select_workspace_bytes(host_view(hk, hv, H), whole_shape));
+  sh::host::select(policy, host_view(hk, hv, H), whole, budget, ref_ws.span(),
+                   {stride, {ref_counts.data(), ref_counts.size()}, {ref_slots.data(), ref_slots.size()}, {},
+                    {{ref_new.data(), ref_new.size()}, {}}});
+
+  bool ok = true;
+  for (const int R : {2, 4}) {
+    const int per = H / R;
+    const sh::state_shape shape{B, per, cap, policy.ring_words()};
+    const std::size_t floats = sh::partial_score_count(L, B, cap);
+    std::vector<float> reduced(floats, 0.0f);
+    struct rank_data {
+      int device;
+      aligned_bytes host_model{1};
+      std::vector<float> host_partial;
+      device_buffer<std::byte> d_model;
+      device_buffer<float> d_k, d_v, d_partial;
+      device_buffer<std::int32_t> d_len, d_counts, d_slots, d_new;
+      device_buffer<std::byte> d_ws;
+      std::size_t ws_bytes = 0;
+    };
+    std::vector<rank_data> ranks(R);
+    for (int k = 0; k < R; ++k) {
+      rank_data& rd = ranks[k];
+      rd.device = multi_gpu ? k % devices : 0;
+      CUDA_CHECK(cudaSetDevice(rd.device));
+      // The shard: heads [k per, (k + 1) per) of every layer.
+      rd.host_model = aligned_bytes(sh::model_state_bytes(shape, L));
+      const auto hm = sh::make_model_state(rd.host_model.span(), shape, L);
+      sh::host::reset_state(hm);
+      std::vector<float> sk(std::size_t{B} * cap * per * D, 0.5f), sv = sk;
+      for (int l = 0; l < L; ++l) {
+        sh::host::admit(policy, host_view(sk, sv, per), hm.layer(l));
+        const auto from = whole.layer(l);
+        const auto to = hm.layer(l);
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < per; ++h)
+            for (int t = 0; t < cap; ++t) {
+              to.scores[to.index(b, h, t)] = from.scores[from.index(b, k * per + h, t)];
+              to.observed[to.index(b, h, t)] = from.observed[from.index(b, k * per + h, t)];
+            }
+      }
+      rd.host_partial.assign(floats, -99.0f);
+      sh::host::local_scores(policy, host_view(sk, sv, per), hm, budget,
+                             {{rd.host_partial.data(), floats}, L, B, cap, H});
+      // The same shard on the device.
+      const std::size_t bytes = sh::model_state_bytes(shape, L);
+      rd.d_model = device_buffer<std::byte>(bytes);
+      rd.d_model.upload(rd.host_model.data(), bytes);
+      rd.d_k = device_buffer<float>(sk.size());
+      rd.d_v = device_buffer<float>(sv.size());
+      rd.d_len = device_buffer<std::int32_t>(B);
+      rd.d_len.upload(lengths);
+      rd.d_partial = device_buffer<float>(floats);
+      rd.d_counts = device_buffer<std::int32_t>(B);
+      rd.d_slots = device_buffer<std::int32_t>(std::size_t{B} * stride);
+      rd.d_new = device_buffer<std::int32_t>(B);
+      const auto view = sh::make_kv_view<float, device_space>({rd.d_k.data(), rd.d_k.size()}, {rd.d_v.data(), rd.d_v.size()},
+                                                              {rd.d_len.data(), B}, B, per, D, cap, sh::named_layout::nhd);
+      const auto dm = sh::make_model_state(rd.d_model.span(), shape, L);
+      CUDA_CHECK(sh::cuda::local_scores(policy, view, dm, budget, {{rd.d_partial.data(), floats}, L, B, cap, H}));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> dev_partial = rd.d_partial.download();
+      for (std::size_t i = 0; i < floats; ++i)
+        if (!same_bits(dev_partial[i], rd.host_partial[i])) {
+          std::printf("tensor_parallel: R %d rank %d partial %zu: device %g host %g\n", R, k, i, dev_partial[i],
+                      rd.host_partial[i]);
+          ok = false;
+          break;
+        }
+      for (std::size_t i = 0; i < floats; ++i) reduced[i] = k == 0 ? dev_partial[i] : reduced[i] + dev_partial[i];
+    }
+    for (int k = 0; k < R; ++k) {
+      rank_data& rd = ranks[k];
+      CUDA_CHECK(cudaSetDevice(rd.device));
+      rd.d_partial.upload(reduced);  // the all-reduce's result, the same bits on every rank
+      const auto view = sh::make_kv_view<float, device_space>({rd.d_k.data(), rd.d_k.size()}, {rd.d_v.data(), rd.d_v.size()},
+                                                              {rd.d_len.data(), B}, B, per, D, cap, sh::named_layout::nhd);
+      const auto dm = sh::make_model_state(rd.d_model.span(), shape, L);
+      const sh::partial_scores<device_space> scores{{rd.d_partial.data(), floats}, L, B, cap, H};
+      const sh::eviction_selection<device_space> sel{
+          stride, {rd.d_counts.data(), B}, {rd.d_slots.data(), std::size_t{B} * stride}, {}, {{rd.d_new.data(), B}, {}}};
+      CUDA_CHECK(sh::cuda::select(nullptr, rd.ws_bytes, policy, view, dm, budget, scores, sel));
+      rd.d_ws = device_buffer<std::byte>(rd.ws_bytes);
+      CUDA_CHECK(sh::cuda::select(rd.d_ws.data(), rd.ws_bytes, policy, view, dm, budget, scores, sel));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const auto counts = rd.d_counts.download();
+      const auto slots = rd.d_slots.download();
+      const auto news = rd.d_new.download();
+      bool same = counts == ref_counts && news == ref_new;
+      for (int b = 0; same && b < B; ++b)
+        for (int j = 0; j < ref_counts[b]; ++j) same = same && slots[static_cast<std::size_t>(b) * stride + j] == ref_slots[static_cast<std::size_t>(b) * stride + j];
+      if (!same) {
+        std::printf("tensor_parallel: R %d rank %d (device %d) chose other slots than one rank over all heads\n", R, k,
+                    rd.device);
+        ok = false;
+      }
+    }
+  }
+  CUDA_CHECK(cudaSetDevice(0));
+  std::printf("tensor_parallel%s: local_scores against the host, select on reduced scores against one rank: %s\n",
+              multi_gpu ? " (multi-GPU)" : "", ok ? "match" : "MISMATCH");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1450,6 +1608,13 @@ int main(int argc, char** argv) {
   if (want("differential")) failures += run_differential(configs, seed, quick, long_first);
   if (want("errors")) failures += run_error_tests();
   if (want("graph")) failures += run_graph_test();
+  if (want("tensor_parallel")) failures += run_tensor_parallel(false);
+  if (!only.empty() && want("tensor_parallel_multi_gpu")) {
+    // Its own CTest entry: skipped (77) below two devices.
+    const int r = run_tensor_parallel(true);
+    if (r < 0) return 77;
+    failures += r;
+  }
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

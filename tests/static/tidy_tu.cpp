@@ -6,7 +6,8 @@
 // compress into a compress_output, a state seen through a batch mapping,
 // reset_state / reset_sequence, shrink_page_table, the sizing helpers,
 // catch_errors, token-level eviction (shared_heads compress, select,
-// compact, forget, the model state), their plans run in slices
+// compact, forget, the model state, tensor parallelism's local_scores and
+// select on reduced scores), their plans run in slices
 // (host/plan.hpp, host/threads.hpp), and the C++17 bridge's definitions
 // (one policy).
 // Built as part of the tests so it also compiles with g++.
@@ -97,6 +98,17 @@ void use_token_level(View cache, sh::model_state<host> model, engine_buffers& e)
   (void)sh::host::select_workspace_bytes(cache, model.shape());
   (void)sh::host::select_workspace_bytes(cache, model.shape(), 2);
   (void)sh::host::compact_workspace_bytes(cache);
+  // Tensor parallelism: local scores, (the engine's all-reduce), select on them.
+  using layers_max = sh::with_granularity<sh::h2o_policy, sh::shared_layers<sh::max_score>>;
+  std::vector<float> partial(sh::partial_score_count(model.layers, cache.batch, model.shape().capacity));
+  const sh::partial_scores<host> scores{{partial.data(), partial.size()}, model.layers, cache.batch,
+                                        model.shape().capacity, 2 * model.shape().kv_heads};
+  sh::host::local_scores(layers{}, cache, mapped, 8, scores);
+  sh::host::plan_local_scores(layers_max{}, cache, mapped, 8, scores).run({0, 2});
+  sh::host::select(layers{}, cache, mapped, 8, scores, {e.workspace.data(), e.workspace.size()}, selection);
+  sh::host::plan_select(layers_max{}, cache, mapped, 8, scores, {e.workspace.data(), e.workspace.size()}, selection,
+                        {}, 2)
+      .run({1, 2});
 }
 
 // Never called: it exists to be compiled and analysed.

@@ -145,7 +145,8 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
   if constexpr (shared)
     detail::select_shared_kernel<Protector, highest, typename Policy::granularity>
         <<<static_cast<unsigned>(cache.batch), select_traits::threads, 0, stream>>>(
-            policy.config, seqs, detail::single_layer(state), budget, nullptr, ws);
+            policy.config, seqs, detail::single_layer(state), budget, nullptr, ws,
+            partial_scores<memory_space::device>{});
   else
     detail::select_kernel<Protector, highest><<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state,
                                                                                            budget, ws);

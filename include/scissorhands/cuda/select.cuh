@@ -47,6 +47,7 @@
 
 #include "../detail/validate.hpp"
 #include "../model_state.hpp"
+#include "../partial_scores.hpp"
 #include "../selection.hpp"
 #include "compress.cuh"
 #include "detail/tables.cuh"
@@ -146,13 +147,16 @@ std::size_t select_workspace_bytes(const Policy& policy, const View& cache,
 // and selection.out.freed_pages; moves nothing. `cache` is any layer's
 // view: select reads its lengths and page table only. One block per
 // sequence. See the top of this file for what the device checks.
+namespace detail {
+
+// select, from the model's scores or (reduced non-null) from all-reduced
+// partial scores.
 template <class Policy, class View>
-  requires composed_policy<Policy>
-cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
-                   model_state<memory_space::device> model, std::int32_t budget,
-                   eviction_selection<memory_space::device> selection,
-                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
-  const char* fn = "cuda::select";
+cudaError_t run_select(const char* fn, void* d_workspace, std::size_t& workspace_bytes, const Policy& policy,
+                       View cache, model_state<memory_space::device> model, std::int32_t budget,
+                       const partial_scores<memory_space::device>* reduced,
+                       eviction_selection<memory_space::device> selection,
+                       device_span<const std::int32_t> pinned_prefix, cudaStream_t stream) {
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
   static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
                 "cuda::select chooses one set of slots for the whole model: give the policy a shared_layers "
@@ -162,36 +166,102 @@ cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy
     workspace_bytes = select_workspace_bytes(policy, cache, model, budget);
     return cudaSuccess;
   }
-  constexpr bool paged = requires { cache.page_size; };
-  detail::validate_model(fn, policy, cache, model);
-  detail::validate_budget(fn, policy, budget);
+  validate_model(fn, policy, cache, model);
+  validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
   // Workspace.
-  const detail::compress_workspace::sizes sizes = detail::select_sizes(policy, cache, model, budget);
-  const std::size_t need = detail::compress_workspace::bytes(sizes);
-  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
-                  " bytes the workspace query returned");
-  detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
-                  "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
-  const detail::byte_range ws_range{d_workspace, workspace_bytes, "d_workspace"};
-  detail::validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix, ws_range);
+  const compress_workspace::sizes sizes = select_sizes(policy, cache, model, budget);
+  const std::size_t need = compress_workspace::bytes(sizes);
+  require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
+          " bytes the workspace query returned");
+  require(reinterpret_cast<std::uintptr_t>(d_workspace) % compress_workspace::alignment == 0, fn, "d_workspace",
+          "must be aligned to ", compress_workspace::alignment, " bytes");
+  const byte_range ws_range{d_workspace, workspace_bytes, "d_workspace"};
+  const partial_scores<memory_space::device> scores =
+      reduced != nullptr ? *reduced : partial_scores<memory_space::device>{};
+  if (reduced != nullptr) validate_partial_scores(fn, "reduced", scores, cache, model);
+  validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix, ws_range,
+                            {scores.values.data(), scores.values.size() * sizeof(float), "reduced.values"});
 
-  const detail::sequence_table seqs = detail::make_sequence_table(cache);
-  const detail::compress_workspace ws = detail::compress_workspace::carve(d_workspace, sizes);
+  const sequence_table seqs = make_sequence_table(cache);
+  const compress_workspace ws = compress_workspace::carve(d_workspace, sizes);
   const auto blocks = static_cast<unsigned>(cache.batch);
-  detail::select_shared_kernel<typename Policy::protector, evicts_highest<typename Policy::observation>,
-                               typename Policy::granularity>
-      <<<blocks, select_traits::threads, 0, stream>>>(policy.config, seqs, model, budget,
-                                                      pinned_prefix.empty() ? nullptr : pinned_prefix.data(), ws);
-  detail::selection_out out;
+  select_shared_kernel<typename Policy::protector, evicts_highest<typename Policy::observation>,
+                       typename Policy::granularity><<<blocks, select_traits::threads, 0, stream>>>(
+      policy.config, seqs, model, budget, pinned_prefix.empty() ? nullptr : pinned_prefix.data(), ws, scores);
+  selection_out out;
   out.counts = selection.counts.data();
   out.slots = selection.slots.data();
   out.cache_slots = selection.cache_slots.empty() ? nullptr : selection.cache_slots.data();
   out.stride = selection.stride;
   out.new_lengths = selection.out.new_lengths.data();
   out.freed_pages = selection.out.freed_pages.empty() ? nullptr : selection.out.freed_pages.data();
-  detail::publish_selection_kernel<><<<blocks, slot_traits::threads, 0, stream>>>(m, seqs, model, budget, ws, out);
+  publish_selection_kernel<><<<blocks, slot_traits::threads, 0, stream>>>(m, seqs, model, budget, ws, out);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
+}
+
+}  // namespace detail
+
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                   model_state<memory_space::device> model, std::int32_t budget,
+                   eviction_selection<memory_space::device> selection,
+                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
+  return detail::run_select("cuda::select", d_workspace, workspace_bytes, policy, cache, model, budget, nullptr,
+                            selection, pinned_prefix, stream);
+}
+
+// Tensor parallelism (partial_scores.hpp, docs/tensor_parallel.md): this
+// rank's share of select, host::local_scores's twin, bit for bit. Writes
+// `partial` (layers x batch x capacity floats on the device): for every
+// sequence at the budget, each layer's head reduction of this rank's
+// heads' eviction scores, before finish; the identity elsewhere, and for a
+// sequence whose row the device cannot trust (out of range, flagged, not
+// tracking its tokens: select then flags it). One launch, no workspace;
+// the engine then all-reduces `partial` across ranks on its stream (NCCL:
+// ncclAllReduce with ncclFloat and all_reduce_op_of<Policy>) and calls
+// select below.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t local_scores(const Policy& policy, View cache, model_state<memory_space::device> model,
+                         std::int32_t budget, partial_scores<memory_space::device> partial, cudaStream_t stream = 0) {
+  const char* fn = "cuda::local_scores";
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
+                "cuda::local_scores is select's first half: give the policy a shared_layers granularity");
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "local_scores splits the head reduction across ranks: the granularity's head_reduction needs "
+                "`static constexpr all_reduce_op all_reduce` (mean_score and max_score have it)");
+  detail::validate_model(fn, policy, cache, model);
+  detail::validate_budget(fn, policy, budget);
+  detail::validate_partial_scores(fn, "partial", partial, cache, model);
+  detail::validate_workspace_apart(fn, cache, model.first.state_rows, detail::model_range(model),
+                                   {partial.values.data(), partial.values.size() * sizeof(float), "partial.values"});
+  if (cache.batch == 0) return cudaSuccess;
+  const detail::sequence_table seqs = detail::make_sequence_table(cache);
+  const auto chunks = static_cast<unsigned>((std::int64_t{partial.capacity} + slot_traits::chunk - 1) / slot_traits::chunk);
+  const dim3 grid(chunks, static_cast<unsigned>(model.layers), static_cast<unsigned>(cache.batch));
+  detail::local_scores_kernel<typename Policy::granularity, evicts_highest<typename Policy::observation>>
+      <<<grid, slot_traits::threads, 0, stream>>>(policy.config, seqs, model, budget, partial);
+  return cudaPeekAtLastError();
+}
+
+// select from the all-reduced partial scores of every rank
+// (host::select's reduced overload): each layer's head reduction finished
+// over reduced.kv_heads heads, then the layer reduction, protection,
+// pinning and tie-break; the device checks are select's. Ranks given the
+// same reduced bits choose the same slots.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                   model_state<memory_space::device> model, std::int32_t budget,
+                   partial_scores<memory_space::device> reduced, eviction_selection<memory_space::device> selection,
+                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "select from reduced scores needs a head_reduction with `static constexpr all_reduce_op all_reduce`");
+  return detail::run_select("cuda::select", d_workspace, workspace_bytes, policy, cache, model, budget, &reduced,
+                            selection, pinned_prefix, stream);
 }
 
 // Bytes of workspace compact needs: 4 per pool page for a paged cache (the

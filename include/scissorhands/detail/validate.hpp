@@ -2,6 +2,7 @@
 // Checks shared by both backends that need no access to device memory.
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "../compress_output.hpp"
@@ -11,6 +12,7 @@
 #include "../kv_view.hpp"
 #include "../model_state.hpp"
 #include "../paged_kv_view.hpp"
+#include "../partial_scores.hpp"
 #include "../policy/eviction_policy.hpp"
 #include "../selection.hpp"
 
@@ -205,7 +207,19 @@ void validate_workspace_apart(const char* fn, const View& cache, const eviction_
   validate_workspace_apart(fn, cache, state.state_rows, the_state, workspace);
 }
 
-// select's outputs and pinned_prefix, on either backend: sizes (stride at
+// pinned_prefix's span (select, and local_scores through the same model
+// checks): empty, or batch entries at a non-null address.
+template <memory_space Space>
+void validate_pinned_prefix_span(const char* fn, const span<const std::int32_t, Space>& pinned_prefix,
+                                 std::size_t batch) {
+  require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
+          "must not be null when its size is ", pinned_prefix.size());
+  require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
+          "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
+}
+
+// select's outputs and pinned_prefix (and the reduced scores of a
+// tensor-parallel select), on either backend: sizes (stride at
 // least max_evictions, counts per sequence, slots and cache_slots per
 // stride entry), and no output sharing a byte with what select reads (the
 // table, the state rows, the whole model state, the workspace,
@@ -214,7 +228,8 @@ template <class View, memory_space Space>
 void validate_selection_output(const char* fn, const View& cache, const model_state<Space>& model,
                                std::int32_t budget, std::int32_t evict_count,
                                const eviction_selection<Space>& selection,
-                               const span<const std::int32_t, Space>& pinned_prefix, byte_range workspace) {
+                               const span<const std::int32_t, Space>& pinned_prefix, byte_range workspace,
+                               byte_range reduced = {nullptr, 0, "reduced.values"}) {
   const state_shape& shape = model.first.shape;
   const std::int32_t stride_need = max_evictions(shape.capacity, budget, evict_count);
   require(selection.stride >= stride_need, fn, "selection.stride", "must be at least max_evictions(capacity ",
@@ -234,10 +249,7 @@ void validate_selection_output(const char* fn, const View& cache, const model_st
     require(selection.cache_slots.empty() || std::int64_t{cache.num_pages} * cache.page_size <= INT32_MAX, fn,
             "selection.cache_slots", "are int32: num_pages * page_size = ",
             std::int64_t{cache.num_pages} * cache.page_size, " slot ids do not fit");
-  require(pinned_prefix.data() != nullptr || pinned_prefix.empty(), fn, "pinned_prefix",
-          "must not be null when its size is ", pinned_prefix.size());
-  require(pinned_prefix.empty() || pinned_prefix.size() == batch, fn, "pinned_prefix",
-          "must be empty or hold batch = ", batch, " entries, got ", pinned_prefix.size());
+  validate_pinned_prefix_span(fn, pinned_prefix, batch);
   // validate_output checks out.* against the cache, layer 0 and the
   // workspace; the whole model and the other outputs are checked here.
   validate_output(fn, cache, model.first, selection.out, workspace, "selection.out.new_lengths",
@@ -247,6 +259,10 @@ void validate_selection_output(const char* fn, const View& cache, const model_st
   // workspace for the ones before.
   require(!overlaps(workspace, range_of(pinned_prefix, "pinned_prefix")), fn, workspace.name,
           "must not overlap pinned_prefix (the call writes its workspace while reading it)");
+  // select from reduced scores (tensor parallelism) reads them throughout;
+  // it writes the workspace and, on the device, the model's status words.
+  for (const byte_range& w : {workspace, model_range(model)})
+    require(!overlaps(reduced, w), fn, w.name, "must not overlap reduced.values (the call reads them while writing)");
   byte_range table[3];
   table_ranges(cache, table);
   const byte_range inputs[] = {table[0],
@@ -255,7 +271,8 @@ void validate_selection_output(const char* fn, const View& cache, const model_st
                                range_of(model.first.state_rows, "state.state_rows"),
                                model_range(model),
                                workspace,
-                               range_of(pinned_prefix, "pinned_prefix")};
+                               range_of(pinned_prefix, "pinned_prefix"),
+                               reduced};
   const byte_range outputs[] = {
       range_of(selection.counts, "selection.counts"),
       {selection.slots.data(), entries * sizeof(std::int32_t), "selection.slots"},
@@ -283,6 +300,26 @@ state_shape state_shape_for(const Policy& policy, const View& cache) {
 template <class Policy>
 constexpr std::size_t state_bytes_per_token(const Policy& policy) {
   return state_bytes_per_slot(policy.ring_words());
+}
+
+// A partial_scores buffer for this cache and model: its shape, its size,
+// and a head count that includes this rank's heads.
+template <memory_space Space, class View>
+void validate_partial_scores(const char* fn, const char* name, const partial_scores<Space>& p, const View& cache,
+                             const model_state<Space>& model) {
+  const std::string arg(name);
+  require(p.layers == model.layers, fn, (arg + ".layers").c_str(), "must equal model.layers = ", model.layers,
+          ", got ", p.layers);
+  require(p.batch == cache.batch, fn, (arg + ".batch").c_str(), "must equal cache.batch = ", cache.batch, ", got ",
+          p.batch);
+  require(p.capacity == model.first.shape.capacity, fn, (arg + ".capacity").c_str(),
+          "must equal the state's shape.capacity = ", model.first.shape.capacity, ", got ", p.capacity);
+  require(p.kv_heads >= model.first.shape.kv_heads, fn, (arg + ".kv_heads").c_str(),
+          "counts the KV heads of a layer over all ranks: at least this rank's ", model.first.shape.kv_heads,
+          ", got ", p.kv_heads);
+  const std::size_t need = partial_score_count(p.layers, p.batch, p.capacity);
+  require(p.values.size() >= need && (need == 0 || p.values.data() != nullptr), fn, (arg + ".values").c_str(),
+          "must hold layers x batch x capacity = ", need, " floats (non-null), got ", p.values.size());
 }
 
 }  // namespace scissorhands::detail

@@ -20,8 +20,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "../model_state.hpp"
+#include "../partial_scores.hpp"
 #include "../selection.hpp"
 #include "detail/eviction.hpp"
 #include "observe.hpp"
@@ -130,16 +132,19 @@ void apply_selection(const View& cache, const eviction_state<memory_space::host>
 
 namespace detail {
 
+// What select and local_scores check of the model: laid out, every layer
+// valid for the cache and the policy, the budget, and for every sequence at
+// the budget: every layer tracks all its tokens at the same positions in
+// every head, and enough of them are neither protected nor pinned.
 template <class Policy, class View>
-auto plan_select(const char* fn, const Policy& policy, View cache, model_state<memory_space::host> model,
-                 std::int32_t budget, host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
-                 host_span<const std::int32_t> pinned_prefix, std::int32_t slices) {
+void validate_model_for_select(const char* fn, const Policy& policy, const View& cache,
+                               const model_state<memory_space::host>& model, std::int32_t budget,
+                               host_span<const std::int32_t> pinned_prefix) {
   static_assert(View::space == memory_space::host, "host::select needs a host view");
   static_assert(granularity_of<Policy> == granularity_kind::shared_layers,
                 "host::select chooses one set of slots for the whole model: give the policy a shared_layers "
                 "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
                 "evict layer by layer with host::compress");
-  constexpr bool paged = requires { cache.page_size; };
   require(model.layers > 0 && model.first.step != nullptr, fn, "model", "is not laid out: build it with "
           "make_model_state");
   require(model.layer_bytes == state_bytes(model.first.shape), fn, "model.layer_bytes",
@@ -149,17 +154,8 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
   validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
   const state_shape& shape = model.first.shape;
-  // Workspace.
-  const std::int32_t slots = workspace_slots(cache, shape.capacity);
-  validate_slices(fn, cache, slots, slices);
-  const std::size_t need = workspace_bytes(cache, slots, slices);
-  require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
-          " bytes, below select_workspace_bytes(cache, shape, slices = ", slices, ") = ", need);
-  require(workspace.data() != nullptr, fn, "workspace", "must not be null");
-  require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(candidate) == 0, fn,
-          "workspace", "must be aligned to ", alignof(candidate), " bytes");
-  validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
-                                    {workspace.data(), need, "workspace"});
+  // Read below, before select's other output checks.
+  validate_pinned_prefix_span(fn, pinned_prefix, static_cast<std::size_t>(cache.batch));
   // Every sequence that triggers: every layer tracks all its tokens, at the
   // same positions in every head and layer, and enough of them are neither
   // protected nor pinned.
@@ -204,6 +200,58 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
             " to evict (pinned ", pinned, ", budget ", budget, ")");
   }
 
+}
+
+template <class Policy, class View>
+auto plan_local_scores(const char* fn, const Policy& policy, View cache, model_state<memory_space::host> model,
+                       std::int32_t budget, partial_scores<memory_space::host> partial) {
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "local_scores splits the head reduction across ranks: the granularity's head_reduction needs "
+                "`static constexpr all_reduce_op all_reduce` (mean_score and max_score have it)");
+  validate_model_for_select(fn, policy, cache, model, budget, {});
+  validate_partial_scores(fn, "partial", partial, cache, model);
+  validate_workspace_apart(fn, cache, model.first.state_rows, model_range(model),
+                           {partial.values.data(), partial.values.size() * sizeof(float), "partial.values"});
+  using Heads = typename Policy::granularity::head_reduction;
+  // One unit per sequence: its rows of every layer.
+  return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
+    for (auto b = static_cast<std::int32_t>(first_unit); b < end_unit; ++b) {
+      const std::int32_t len = cache.length(b);
+      const std::int32_t filled = len >= budget ? len : 0;  // sequences below the budget: identity
+      const std::int32_t r = model.first.row(b);
+      for (std::int32_t l = 0; l < model.layers; ++l) {
+        float* row = partial.row(l, b);
+        if (filled > 0) head_partial(policy, model.layer(l), r, filled, row);
+        std::fill(row + filled, row + partial.capacity, Heads::identity());
+      }
+    }
+  }, std::int64_t{cache.batch});
+}
+
+template <class Policy, class View>
+auto plan_select(const char* fn, const Policy& policy, View cache, model_state<memory_space::host> model,
+                 std::int32_t budget, host_span<std::byte> workspace, eviction_selection<memory_space::host> selection,
+                 host_span<const std::int32_t> pinned_prefix, std::int32_t slices,
+                 const partial_scores<memory_space::host>* reduced = nullptr) {
+  constexpr bool paged = requires { cache.page_size; };
+  validate_model_for_select(fn, policy, cache, model, budget, pinned_prefix);
+  const std::int32_t m = policy.config.evict_count;
+  const state_shape& shape = model.first.shape;
+  // Workspace.
+  const std::int32_t slots = workspace_slots(cache, shape.capacity);
+  validate_slices(fn, cache, slots, slices);
+  const std::size_t need = workspace_bytes(cache, slots, slices);
+  require(workspace.size() >= need, fn, "workspace", "holds ", workspace.size(),
+          " bytes, below select_workspace_bytes(cache, shape, slices = ", slices, ") = ", need);
+  require(workspace.data() != nullptr, fn, "workspace", "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(candidate) == 0, fn,
+          "workspace", "must be aligned to ", alignof(candidate), " bytes");
+  const bool from_reduced = reduced != nullptr;
+  const partial_scores<memory_space::host> scores = from_reduced ? *reduced : partial_scores<memory_space::host>{};
+  if (from_reduced) validate_partial_scores(fn, "reduced", scores, cache, model);
+  validate_selection_output(fn, cache, model, budget, m, selection, pinned_prefix,
+                            {workspace.data(), need, "workspace"},
+                            {scores.values.data(), scores.values.size() * sizeof(float), "reduced.values"});
   // One unit per sequence; each writes only its own entries of the selection.
   std::byte* const base = workspace.data();
   return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t part) {
@@ -217,7 +265,12 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
       const std::int32_t r = model.first.row(b);
       const std::int32_t evict = len - budget + m;
       const std::int32_t pinned = pinned_prefix.empty() ? 0 : pinned_prefix[b];
-      choose_shared(policy, model, r, len, evict, pinned, scratch);
+      if (from_reduced) {
+        combine_reduced_scores<Policy>(scores, b, len, scratch);
+        choose_lowest(policy, model.first, r, len, evict, pinned, scratch);
+      } else {
+        choose_shared(policy, model, r, len, evict, pinned, scratch);
+      }
       const std::size_t at = static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride);
       std::int32_t k = 0;
       for (std::int32_t t = 0; t < len; ++t) {
@@ -268,6 +321,55 @@ auto plan_select(const Policy& policy, View cache, model_state<memory_space::hos
                  host_span<const std::int32_t> pinned_prefix, std::int32_t slices) {
   return detail::plan_select("host::plan_select", policy, cache, model, budget, workspace, selection, pinned_prefix,
                              slices);
+}
+
+// Tensor parallelism (partial_scores.hpp, docs/tensor_parallel.md): this
+// rank's share of select. Writes `partial` (layers x batch x capacity
+// floats): for every sequence at the budget, each layer's head reduction
+// of this rank's heads' eviction scores, before finish; the reduction's
+// identity elsewhere. Checks what select checks of the model; moves
+// nothing. The engine then all-reduces `partial` over the ranks with
+// all_reduce_op_of<Policy> and passes it to select below.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void local_scores(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+                  partial_scores<memory_space::host> partial) {
+  detail::plan_local_scores("host::local_scores", policy, cache, model, budget, partial).run();
+}
+// local_scores as a plan (plan.hpp); its units are the sequences.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_local_scores(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+                       partial_scores<memory_space::host> partial) {
+  return detail::plan_local_scores("host::plan_local_scores", policy, cache, model, budget, partial);
+}
+
+// select from the all-reduced partial scores of every rank: each layer's
+// head reduction finished over reduced.kv_heads heads, then select's
+// layer reduction, protection, pinning and tie-break, on this rank's
+// model (its positions and lengths). Ranks given the same reduced bits
+// choose the same slots. With one rank (reduced = this rank's
+// local_scores, kv_heads its own) the same as select above, bit for bit.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+void select(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+            partial_scores<memory_space::host> reduced, host_span<std::byte> workspace,
+            eviction_selection<memory_space::host> selection, host_span<const std::int32_t> pinned_prefix = {}) {
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "select from reduced scores needs a head_reduction with `static constexpr all_reduce_op all_reduce`");
+  detail::plan_select("host::select", policy, cache, model, budget, workspace, selection, pinned_prefix, 1, &reduced)
+      .run();
+}
+template <class Policy, class View>
+  requires composed_policy<Policy>
+auto plan_select(const Policy& policy, View cache, model_state<memory_space::host> model, std::int32_t budget,
+                 partial_scores<memory_space::host> reduced, host_span<std::byte> workspace,
+                 eviction_selection<memory_space::host> selection, host_span<const std::int32_t> pinned_prefix,
+                 std::int32_t slices) {
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "select from reduced scores needs a head_reduction with `static constexpr all_reduce_op all_reduce`");
+  return detail::plan_select("host::plan_select", policy, cache, model, budget, workspace, selection, pinned_prefix,
+                             slices, &reduced);
 }
 
 namespace detail {

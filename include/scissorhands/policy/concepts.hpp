@@ -63,6 +63,14 @@ concept score_reduction = named_policy<P> && requires(float acc, std::int32_t co
   { P::finish(acc, count) } -> std::same_as<float>;
 };
 
+// A head reduction tensor-parallel ranks can split (partial_scores.hpp):
+// reductions over disjoint sets of heads combine with one all-reduce
+// operation, the same as `combine` (sum for a sum, max for a max).
+template <class P>
+concept splittable_reduction = score_reduction<P> && requires {
+  { P::all_reduce } -> std::convertible_to<all_reduce_op>;
+};
+
 // Which tokens leave together: per_head, shared_heads<R>, shared_layers<R, R>
 // (granularity.hpp).
 template <class G>

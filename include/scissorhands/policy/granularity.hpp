@@ -28,9 +28,16 @@
 
 namespace scissorhands {
 
+// The collective that combines tensor-parallel ranks' partial head
+// reductions (partial_scores.hpp): the engine's all-reduce operation.
+enum class all_reduce_op { sum, max };
+
 // Score reductions (over heads or over layers) of eviction scores.
+// `all_reduce`: how partial reductions over disjoint sets of heads combine
+// (combine's own operation, before finish).
 struct mean_score {
   static constexpr const char* name = "mean";
+  static constexpr all_reduce_op all_reduce = all_reduce_op::sum;
   SCISSORHANDS_HOST_DEVICE static constexpr float identity() { return 0.0f; }
   SCISSORHANDS_HOST_DEVICE static float combine(float acc, float x) { return acc + x; }
   SCISSORHANDS_HOST_DEVICE static float finish(float acc, std::int32_t count) {
@@ -43,6 +50,7 @@ struct mean_score {
 // order, so the choice never depends on where the NaN was.
 struct max_score {
   static constexpr const char* name = "max";
+  static constexpr all_reduce_op all_reduce = all_reduce_op::max;
   SCISSORHANDS_HOST_DEVICE static constexpr float identity() { return -__builtin_huge_valf(); }
   SCISSORHANDS_HOST_DEVICE static float combine(float acc, float x) {
     if (acc != acc || x != x) return __builtin_nanf("");

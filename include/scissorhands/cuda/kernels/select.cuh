@@ -4,6 +4,9 @@
 // every head of every layer (shared_layers, through select), and the
 // kernels that apply a selection to one layer (compact, forget).
 //
+//   local_scores_kernel       thread per (layer, sequence, slot): a
+//                             tensor-parallel rank's partial scores
+//                             (partial_scores.hpp).
 //   select_shared_kernel      one block per sequence. Checks the sequence in
 //                             every layer it reads (bits go to its row's
 //                             status word in every layer), combines each
@@ -32,6 +35,7 @@
 #include "../../detail/eviction_key.hpp"
 #include "../../eviction_state.hpp"
 #include "../../model_state.hpp"
+#include "../../partial_scores.hpp"
 #include "../../policy/eviction_policy.hpp"
 #include "../block/collectives.cuh"
 #include "../block/radix_select.cuh"
@@ -45,16 +49,22 @@ namespace scissorhands::cuda::detail {
 // The eviction score of slot t of state row r combined over every KV head
 // of every layer of `model` (one layer for shared_heads), exactly as
 // host::detail::combine_slot_scores: heads 0..H-1 inside a layer, then
-// layers 0..L-1, the same float operations in the same order. `position`
-// is layer 0 head 0's token; `mismatch` is set when any head of any layer
+// layers 0..L-1, the same float operations in the same order. With
+// `reduced` (tensor parallelism: non-null values) each layer's head
+// reduction is read from it, sequence b's row, and finished over
+// reduced.kv_heads (host::detail::combine_reduced_scores). `position` is
+// layer 0 head 0's token; `mismatch` is set when any head of any layer
 // holds another one at slot t.
 template <class Granularity, bool HighestFirst>
 __device__ inline float combined_score(const settings& cfg, const model_state<memory_space::device>& model,
+                                       const partial_scores<memory_space::device>& reduced, std::int32_t b,
                                        std::int32_t r, std::int32_t t, std::int32_t length, std::int32_t position,
                                        bool& mismatch) {
   using Heads = typename Granularity::head_reduction;
   constexpr bool over_layers = Granularity::kind == granularity_kind::shared_layers;
+  const bool from_reduced = reduced.values.data() != nullptr;
   const std::int32_t heads = model.first.shape.kv_heads;
+  const std::int32_t divisor = from_reduced ? reduced.kv_heads : heads;
   float layer_acc = 0.0f, combined = 0.0f;
   if constexpr (over_layers) layer_acc = Granularity::layer_reduction::identity();
   for (std::int32_t l = 0; l < model.layers; ++l) {
@@ -63,17 +73,53 @@ __device__ inline float combined_score(const settings& cfg, const model_state<me
     for (std::int32_t h = 0; h < heads; ++h) {
       const std::int64_t i = s.row_index(r, h, t);
       if (s.positions[i] != position) mismatch = true;
+      if (from_reduced) continue;
       const std::int64_t row = s.row_index(r, h, 0);
       head_acc = Heads::combine(head_acc, scissorhands::detail::pooled_eviction_score(
                                               s.scores + row, s.observed + row, t, length, cfg, HighestFirst));
     }
+    if (from_reduced) head_acc = reduced.row(l, b)[t];
     if constexpr (over_layers)
-      layer_acc = Granularity::layer_reduction::combine(layer_acc, Heads::finish(head_acc, heads));
+      layer_acc = Granularity::layer_reduction::combine(layer_acc, Heads::finish(head_acc, divisor));
     else
-      combined = Heads::finish(head_acc, heads);
+      combined = Heads::finish(head_acc, divisor);
   }
   if constexpr (over_layers) combined = Granularity::layer_reduction::finish(layer_acc, model.layers);
   return combined;
+}
+
+// A tensor-parallel rank's partial scores (host::detail::head_partial):
+// thread per slot t of sequence b, layer l; grid (chunks, layers, batch).
+// Sequences below the budget, slots past the length, and sequences whose
+// row is padding, out of range or flagged get the identity, so select on
+// the reduced buffer reads nothing undefined; select checks the rest.
+template <class Granularity, bool HighestFirst>
+__global__ void __launch_bounds__(slot_traits::threads)
+    local_scores_kernel(settings cfg, sequence_table seqs, model_state<memory_space::device> model,
+                        std::int32_t budget, partial_scores<memory_space::device> partial) {
+  using Heads = typename Granularity::head_reduction;
+  const auto b = static_cast<std::int32_t>(blockIdx.z), l = static_cast<std::int32_t>(blockIdx.y);
+  const eviction_state<memory_space::device> s = model.layer(l);
+  const std::int32_t raw_len = seqs.length(b);
+  const std::int32_t r = s.row(b);  // state_rows, when given, holds batch entries (checked on the host)
+  // Only what the device can trust: a row in range, a length within the
+  // state's capacity that this layer tracks, no error flagged on the row.
+  const bool usable = r >= 0 && r < s.shape.rows && raw_len >= budget && raw_len <= s.shape.capacity &&
+                      s.tracked[r] == raw_len && s.status[r] == 0u;
+  const std::int32_t len = usable ? raw_len : 0;
+  float* row = partial.row(l, b);
+  for (std::int32_t t = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk + static_cast<std::int32_t>(threadIdx.x);
+       t < partial.capacity && t < (static_cast<std::int32_t>(blockIdx.x) + 1) * slot_traits::chunk;
+       t += slot_traits::threads) {
+    float acc = Heads::identity();
+    if (t < len)
+      for (std::int32_t h = 0; h < s.shape.kv_heads; ++h) {
+        const std::int64_t base = s.row_index(r, h, 0);
+        acc = Heads::combine(acc, scissorhands::detail::pooled_eviction_score(s.scores + base, s.observed + base, t,
+                                                                              len, cfg, HighestFirst));
+      }
+    row[t] = acc;
+  }
 }
 
 // ORs `bits` into row r's status word in every layer. One thread.
@@ -88,7 +134,8 @@ __device__ inline void flag_layers(const model_state<memory_space::device>& mode
 template <class Protector, bool HighestFirst, class Granularity>
 __global__ void __launch_bounds__(select_traits::threads)
     select_shared_kernel(settings cfg, sequence_table seqs, model_state<memory_space::device> model,
-                         std::int32_t budget, const std::int32_t* pinned_prefix, compress_workspace ws) {
+                         std::int32_t budget, const std::int32_t* pinned_prefix, compress_workspace ws,
+                         partial_scores<memory_space::device> reduced) {
   using traits = select_traits;
   __shared__ std::uint64_t tile[traits::tile_keys];
   __shared__ block::radix_select_storage<traits::threads> storage;
@@ -154,7 +201,8 @@ __global__ void __launch_bounds__(select_traits::threads)
   bool mismatch = false;
   const auto key_at = [&](std::int32_t t) -> std::uint64_t {
     const std::int32_t position = first.positions[base + t];
-    const float score = combined_score<Granularity, HighestFirst>(cfg, model, r, t, len, position, mismatch);
+    const float score =
+        combined_score<Granularity, HighestFirst>(cfg, model, reduced, b, r, t, len, position, mismatch);
     if (t < pinned || Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
     return scissorhands::detail::eviction_key(score, position);
   };

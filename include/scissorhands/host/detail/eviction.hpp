@@ -12,6 +12,7 @@
 #include "../../error.hpp"
 #include "../../eviction_state.hpp"
 #include "../../model_state.hpp"
+#include "../../partial_scores.hpp"
 #include "../../policy/eviction_policy.hpp"
 
 namespace scissorhands::host::detail {
@@ -153,6 +154,43 @@ inline void for_each_move(const unsigned char* evicted, std::int32_t len, std::i
   }
 }
 
+// The eviction scores of slots [0, len) of state row r combined over the
+// KV heads of layer state `s`, in head order 0..H-1, before the head
+// reduction's finish: acc[t] (a tensor-parallel rank's partial scores,
+// partial_scores.hpp). Branch-free and through restrict pointers, so the
+// compiler vectorises it: x / (observed > 0 ? observed : 1) is
+// bit-identical to eviction_score's "divide only when observed > 0" (x / 1
+// is x, NaN included).
+template <class Policy>
+void head_partial(const Policy& policy, const eviction_state<memory_space::host>& s, std::int32_t r,
+                  std::int32_t len, float* __restrict acc) {
+  using Heads = typename Policy::granularity::head_reduction;
+  constexpr bool highest = evicts_highest<typename Policy::observation>;
+  const settings& cfg = policy.config;
+  std::fill(acc, acc + len, Heads::identity());
+  for (std::int32_t h = 0; h < s.shape.kv_heads; ++h) {
+    const float* __restrict score = s.scores + s.row_index(r, h, 0);
+    const float* __restrict observed = s.observed + s.row_index(r, h, 0);
+    if (cfg.pool_width > 1) {
+      // Pooling reads each slot's neighbours: the plain per-slot function.
+      for (std::int32_t t = 0; t < len; ++t)
+        acc[t] = Heads::combine(acc[t], scissorhands::detail::pooled_eviction_score(score, observed, t, len, cfg,
+                                                                                    highest));
+    } else if (cfg.normalize) {
+      for (std::int32_t t = 0; t < len; ++t) {
+        // observed > 0 tested on the bits (positive, non-zero, not NaN),
+        // an integer select the compiler vectorises without a branch.
+        const auto bits = std::bit_cast<std::int32_t>(observed[t]);
+        const float divisor = std::bit_cast<float>(bits > 0 && bits <= 0x7F800000 ? bits : 0x3F800000);
+        const float v = score[t] / divisor;
+        acc[t] = Heads::combine(acc[t], highest ? -v : v);
+      }
+    } else {
+      for (std::int32_t t = 0; t < len; ++t) acc[t] = Heads::combine(acc[t], highest ? -score[t] : score[t]);
+    }
+  }
+}
+
 // The eviction score of slot t of state row r combined over every KV head,
 // then (shared_layers) over every layer of `model`, into scratch.layer_acc
 // (the value compared, lowest evicted first), in a fixed order: heads
@@ -162,65 +200,50 @@ void combine_slot_scores(const Policy& policy, const model_state<memory_space::h
                          std::int32_t len, const eviction_scratch& scratch) {
   using G = typename Policy::granularity;
   using Heads = typename G::head_reduction;
-  constexpr bool highest = evicts_highest<typename Policy::observation>;
-  const settings& cfg = policy.config;
   const std::int32_t heads = model.first.shape.kv_heads;
   float* head_acc = scratch.head_acc;
   float* layer_acc = scratch.layer_acc;
-  // Branch-free and through restrict pointers, so the compiler vectorises
-  // it: x / (observed > 0 ? observed : 1) is bit-identical to
-  // eviction_score's "divide only when observed > 0" (x / 1 is x,
-  // NaN included).
-  const bool normalize = cfg.normalize;
-  const auto head_pass = [&](const eviction_state<memory_space::host>& s) {
-    float* __restrict acc = head_acc;
-    std::fill(acc, acc + len, Heads::identity());
-    for (std::int32_t h = 0; h < heads; ++h) {
-      const float* __restrict score = s.scores + s.row_index(r, h, 0);
-      const float* __restrict observed = s.observed + s.row_index(r, h, 0);
-      if (cfg.pool_width > 1) {
-        // Pooling reads each slot's neighbours: the plain per-slot function.
-        for (std::int32_t t = 0; t < len; ++t)
-          acc[t] = Heads::combine(acc[t], scissorhands::detail::pooled_eviction_score(score, observed, t, len, cfg,
-                                                                                      highest));
-      } else if (normalize) {
-        for (std::int32_t t = 0; t < len; ++t) {
-          // observed > 0 tested on the bits (positive, non-zero, not NaN),
-          // an integer select the compiler vectorises without a branch.
-          const auto bits = std::bit_cast<std::int32_t>(observed[t]);
-          const float divisor = std::bit_cast<float>(bits > 0 && bits <= 0x7F800000 ? bits : 0x3F800000);
-          const float v = score[t] / divisor;
-          acc[t] = Heads::combine(acc[t], highest ? -v : v);
-        }
-      } else {
-        for (std::int32_t t = 0; t < len; ++t) acc[t] = Heads::combine(acc[t], highest ? -score[t] : score[t]);
-      }
-    }
-  };
   if constexpr (G::kind == granularity_kind::shared_layers) {
     using Layers = typename G::layer_reduction;
     std::fill(layer_acc, layer_acc + len, Layers::identity());
     for (std::int32_t l = 0; l < model.layers; ++l) {
-      head_pass(model.layer(l));
+      head_partial(policy, model.layer(l), r, len, head_acc);
       for (std::int32_t t = 0; t < len; ++t)
         layer_acc[t] = Layers::combine(layer_acc[t], Heads::finish(head_acc[t], heads));
     }
     for (std::int32_t t = 0; t < len; ++t) layer_acc[t] = Layers::finish(layer_acc[t], model.layers);
   } else {
-    head_pass(model.first);
+    head_partial(policy, model.first, r, len, head_acc);
     for (std::int32_t t = 0; t < len; ++t) layer_acc[t] = Heads::finish(head_acc[t], heads);
   }
 }
 
-// Marks in scratch.evicted[0, len) the `evict` slots of row r with the
-// lowest combined score among those neither protected (positions of layer
-// 0, head 0: every head and layer holds the same token at a slot) nor
-// below `pinned`; ties to the older token.
+// combine_slot_scores from the all-reduced partial scores of sequence b:
+// each layer's head reduction finished over all partial.kv_heads heads,
+// then the layers reduced, in the same order.
 template <class Policy>
-void choose_shared(const Policy& policy, const model_state<memory_space::host>& model, std::int32_t r,
+void combine_reduced_scores(const partial_scores<memory_space::host>& reduced, std::int32_t b, std::int32_t len,
+                            const eviction_scratch& scratch) {
+  using G = typename Policy::granularity;
+  using Heads = typename G::head_reduction;
+  using Layers = typename G::layer_reduction;
+  float* __restrict layer_acc = scratch.layer_acc;
+  std::fill(layer_acc, layer_acc + len, Layers::identity());
+  for (std::int32_t l = 0; l < reduced.layers; ++l) {
+    const float* __restrict head_acc = reduced.row(l, b);
+    for (std::int32_t t = 0; t < len; ++t)
+      layer_acc[t] = Layers::combine(layer_acc[t], Heads::finish(head_acc[t], reduced.kv_heads));
+  }
+  for (std::int32_t t = 0; t < len; ++t) layer_acc[t] = Layers::finish(layer_acc[t], reduced.layers);
+}
+
+// Marks in scratch.evicted[0, len) the `evict` slots of row r with the
+// lowest score in scratch.layer_acc among those neither protected
+// (positions of layer 0, head 0 of `s`: every head and layer holds the same
+// token at a slot) nor below `pinned`; ties to the older token.
+template <class Policy>
+void choose_lowest(const Policy& policy, const eviction_state<memory_space::host>& s, std::int32_t r,
                    std::int32_t len, std::int32_t evict, std::int32_t pinned, const eviction_scratch& scratch) {
-  combine_slot_scores(policy, model, r, len, scratch);
-  const eviction_state<memory_space::host>& s = model.first;
   const std::int64_t base = s.row_index(r, 0, 0);
   std::int32_t count = 0;
   for (std::int32_t t = pinned; t < len; ++t) {
@@ -231,6 +254,15 @@ void choose_shared(const Policy& policy, const model_state<memory_space::host>& 
   smallest_first(scratch.candidates, count, evict);
   std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
   for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+}
+
+// The `evict` slots of row r to leave, combined over the heads (and
+// layers) of `model`: combine_slot_scores, then choose_lowest.
+template <class Policy>
+void choose_shared(const Policy& policy, const model_state<memory_space::host>& model, std::int32_t r,
+                   std::int32_t len, std::int32_t evict, std::int32_t pinned, const eviction_scratch& scratch) {
+  combine_slot_scores(policy, model, r, len, scratch);
+  choose_lowest(policy, model.first, r, len, evict, pinned, scratch);
 }
 
 // A one-layer model over one layer's state (compress at shared_heads).
