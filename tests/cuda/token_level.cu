@@ -31,7 +31,8 @@
 //                 simulated ranks, each holding some of every layer's heads
 //                 (partial_scores.hpp): cuda::local_scores against the
 //                 host's, then select on the reduced scores against one
-//                 rank over all heads. tensor_parallel_multi_gpu (only when
+//                 rank over all heads; one rank's local_scores + select
+//                 captured in a CUDA graph. tensor_parallel_multi_gpu (only when
 //                 named in --only) puts rank k on device k % count and exits
 //                 77 below two devices.
 //
@@ -1561,6 +1562,51 @@ int run_tensor_parallel(bool multi_gpu) {
     }
   }
   CUDA_CHECK(cudaSetDevice(0));
+  if (!multi_gpu) {
+    // One rank holding every head, local_scores + select on its (trivially
+    // reduced) scores captured in a CUDA graph on a non-default stream, as
+    // an engine's decode step would hold them around its all-reduce node.
+    const std::size_t floats = sh::partial_score_count(L, B, cap);
+    const std::size_t bytes = sh::model_state_bytes(whole_shape, L);
+    device_buffer<std::byte> d_model(bytes);
+    d_model.upload(whole_buf.data(), bytes);
+    device_buffer<float> d_k(hk.size()), d_v(hv.size()), d_partial(floats);
+    device_buffer<std::int32_t> d_len(B), d_counts(B), d_slots(std::size_t{B} * stride), d_new(B);
+    d_len.upload(lengths);
+    const auto view = sh::make_kv_view<float, device_space>({d_k.data(), d_k.size()}, {d_v.data(), d_v.size()},
+                                                            {d_len.data(), B}, B, H, D, cap, sh::named_layout::nhd);
+    const auto dm = sh::make_model_state(d_model.span(), whole_shape, L);
+    const sh::partial_scores<device_space> scores{{d_partial.data(), floats}, L, B, cap, H};
+    const sh::eviction_selection<device_space> sel{
+        stride, {d_counts.data(), B}, {d_slots.data(), std::size_t{B} * stride}, {}, {{d_new.data(), B}, {}}};
+    std::size_t ws_bytes = 0;
+    CUDA_CHECK(sh::cuda::select(nullptr, ws_bytes, policy, view, dm, budget, scores, sel));
+    device_buffer<std::byte> d_ws(ws_bytes);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    cudaError_t err = sh::cuda::local_scores(policy, view, dm, budget, scores, stream);
+    if (err == cudaSuccess) err = sh::cuda::select(d_ws.data(), ws_bytes, policy, view, dm, budget, scores, sel, {}, stream);
+    CUDA_CHECK(err);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto counts = d_counts.download();
+    const auto slots = d_slots.download();
+    bool same = counts == ref_counts && d_new.download() == ref_new;
+    for (int b = 0; same && b < B; ++b)
+      for (int j = 0; j < ref_counts[b]; ++j)
+        same = same && slots[static_cast<std::size_t>(b) * stride + j] == ref_slots[static_cast<std::size_t>(b) * stride + j];
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    std::printf("tensor_parallel: local_scores + select captured in a graph and replayed: %s\n",
+                same ? "matches the host" : "MISMATCH");
+    ok = ok && same;
+  }
   std::printf("tensor_parallel%s: local_scores against the host, select on reduced scores against one rank: %s\n",
               multi_gpu ? " (multi-GPU)" : "", ok ? "match" : "MISMATCH");
   return ok ? 0 : 1;

@@ -108,9 +108,11 @@ __global__ void __launch_bounds__(slot_traits::threads)
                       s.tracked[r] == raw_len && s.status[r] == 0u;
   const std::int32_t len = usable ? raw_len : 0;
   float* row = partial.row(l, b);
-  for (std::int32_t t = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk + static_cast<std::int32_t>(threadIdx.x);
-       t < partial.capacity && t < (static_cast<std::int32_t>(blockIdx.x) + 1) * slot_traits::chunk;
-       t += slot_traits::threads) {
+  // This block's chunk of slots, in 64 bits: its end may pass INT32_MAX.
+  const std::int64_t lo = std::int64_t{blockIdx.x} * slot_traits::chunk;
+  const std::int64_t end = lo + slot_traits::chunk < partial.capacity ? lo + slot_traits::chunk : partial.capacity;
+  for (std::int64_t i = lo + threadIdx.x; i < end; i += slot_traits::threads) {
+    const auto t = static_cast<std::int32_t>(i);
     float acc = Heads::identity();
     if (t < len)
       for (std::int32_t h = 0; h < s.shape.kv_heads; ++h) {
