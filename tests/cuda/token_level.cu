@@ -1384,35 +1384,44 @@ int run_error_tests() {
 }
 
 // ---------------------------------------------------------------------------
-// select + compact of every layer captured in a CUDA graph, replayed: no
-// allocation, no synchronisation inside.
-int run_graph_test() {
-  using fxp = fixture<true>;
-  fxp f;
+// Captures record(stream) on a fresh non-blocking stream into a CUDA graph,
+// replays it once and waits: a call that allocated or synchronised would
+// fail the capture.
+void replay_captured(const std::function<cudaError_t(cudaStream_t)>& record) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::vector<std::int32_t> pinned{2, 0, 1};
-  f.d_pinned.upload(pinned);
   cudaGraph_t graph;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  cudaError_t err = sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, f.device_view(0), f.device_model(),
-                                     fxp::budget, f.device_selection(),
-                                     sh::device_span<const std::int32_t>(f.d_pinned.data(), fxp::B), stream);
-  for (int l = 0; err == cudaSuccess && l < fxp::L; ++l) err = f.device_apply(l, false, stream);
-  CUDA_CHECK(err);
+  CUDA_CHECK(record(stream));
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_CHECK(cudaGraphLaunch(exec, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// select + compact of every layer captured in a CUDA graph, replayed: no
+// allocation, no synchronisation inside.
+int run_graph_test() {
+  using fxp = fixture<true>;
+  fxp f;
+  const std::vector<std::int32_t> pinned{2, 0, 1};
+  f.d_pinned.upload(pinned);
+  replay_captured([&](cudaStream_t stream) {
+    cudaError_t err = sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, f.device_view(0), f.device_model(),
+                                       fxp::budget, f.device_selection(),
+                                       sh::device_span<const std::int32_t>(f.d_pinned.data(), fxp::B), stream);
+    for (int l = 0; err == cudaSuccess && l < fxp::L; ++l) err = f.device_apply(l, false, stream);
+    return err;
+  });
   f.host_select(-1, pinned);
   for (int l = 0; l < fxp::L; ++l) f.host_apply(l, -1, false);
   const auto dev = f.model_bytes();
   const bool ok = f.all_clear() && f.d_counts.download() == f.h_counts && f.d_new.download() == f.h_new &&
                   f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv();
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  CUDA_CHECK(cudaStreamDestroy(stream));
   std::printf("graph: select + compact captured and replayed: %s\n", ok ? "matches the host" : "MISMATCH");
   return ok ? 0 : 1;
 }
@@ -1467,6 +1476,16 @@ int run_tensor_parallel(bool multi_gpu) {
                    {stride, {ref_counts.data(), ref_counts.size()}, {ref_slots.data(), ref_slots.size()}, {},
                     {{ref_new.data(), ref_new.size()}, {}}});
 
+  // A device selection against the reference, entry by entry.
+  const auto same_selection = [&](const std::vector<std::int32_t>& counts, const std::vector<std::int32_t>& slots,
+                                  const std::vector<std::int32_t>& news) {
+    if (counts != ref_counts || news != ref_new) return false;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < ref_counts[b]; ++j)
+        if (slots[static_cast<std::size_t>(b) * stride + j] != ref_slots[static_cast<std::size_t>(b) * stride + j])
+          return false;
+    return true;
+  };
   bool ok = true;
   for (const int R : {2, 4}) {
     const int per = H / R;
@@ -1548,13 +1567,7 @@ int run_tensor_parallel(bool multi_gpu) {
       rd.d_ws = device_buffer<std::byte>(rd.ws_bytes);
       CUDA_CHECK(sh::cuda::select(rd.d_ws.data(), rd.ws_bytes, policy, view, dm, budget, scores, sel));
       CUDA_CHECK(cudaDeviceSynchronize());
-      const auto counts = rd.d_counts.download();
-      const auto slots = rd.d_slots.download();
-      const auto news = rd.d_new.download();
-      bool same = counts == ref_counts && news == ref_new;
-      for (int b = 0; same && b < B; ++b)
-        for (int j = 0; j < ref_counts[b]; ++j) same = same && slots[static_cast<std::size_t>(b) * stride + j] == ref_slots[static_cast<std::size_t>(b) * stride + j];
-      if (!same) {
+      if (!same_selection(rd.d_counts.download(), rd.d_slots.download(), rd.d_new.download())) {
         std::printf("tensor_parallel: R %d rank %d (device %d) chose other slots than one rank over all heads\n", R, k,
                     rd.device);
         ok = false;
@@ -1582,27 +1595,12 @@ int run_tensor_parallel(bool multi_gpu) {
     std::size_t ws_bytes = 0;
     CUDA_CHECK(sh::cuda::select(nullptr, ws_bytes, policy, view, dm, budget, scores, sel));
     device_buffer<std::byte> d_ws(ws_bytes);
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    cudaError_t err = sh::cuda::local_scores(policy, view, dm, budget, scores, stream);
-    if (err == cudaSuccess) err = sh::cuda::select(d_ws.data(), ws_bytes, policy, view, dm, budget, scores, sel, {}, stream);
-    CUDA_CHECK(err);
-    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto counts = d_counts.download();
-    const auto slots = d_slots.download();
-    bool same = counts == ref_counts && d_new.download() == ref_new;
-    for (int b = 0; same && b < B; ++b)
-      for (int j = 0; j < ref_counts[b]; ++j)
-        same = same && slots[static_cast<std::size_t>(b) * stride + j] == ref_slots[static_cast<std::size_t>(b) * stride + j];
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaStreamDestroy(stream));
+    replay_captured([&](cudaStream_t stream) {
+      const cudaError_t err = sh::cuda::local_scores(policy, view, dm, budget, scores, stream);
+      return err != cudaSuccess ? err
+                                : sh::cuda::select(d_ws.data(), ws_bytes, policy, view, dm, budget, scores, sel, {}, stream);
+    });
+    const bool same = same_selection(d_counts.download(), d_slots.download(), d_new.download());
     std::printf("tensor_parallel: local_scores + select captured in a graph and replayed: %s\n",
                 same ? "matches the host" : "MISMATCH");
     ok = ok && same;
