@@ -362,24 +362,23 @@ TEST_CASE("tensor parallel: a reduction that sums in another order on each rank 
     }
     return out;
   };
-  std::vector<std::int32_t> chosen;
-  for (std::int32_t k = 0; k < R; ++k) {
-    rank_shard& r = *ranks[static_cast<std::size_t>(k)];
-    std::vector<float> reduced = reduce_from(k);  // each rank sums starting with itself
-    sh::partial_scores<host> scores{{reduced.data(), reduced.size()}, 1, 1, capacity, R};
-    sh::host::select(policy, r.caches[0].view(), r.model, budget, scores, r.workspace->span(), r.selection(stride));
-    REQUIRE(r.counts[0] == 1);
-    chosen.push_back(r.slots[0]);
-  }
-  CHECK(chosen == std::vector<std::int32_t>{1, 0, 0});
+  // The slot each rank evicts when rank k is given reduced_for(k).
+  const auto choices = [&](const auto& reduced_for) {
+    std::vector<std::int32_t> chosen;
+    for (std::int32_t k = 0; k < R; ++k) {
+      rank_shard& r = *ranks[static_cast<std::size_t>(k)];
+      std::vector<float> reduced = reduced_for(k);
+      const sh::partial_scores<host> scores{{reduced.data(), reduced.size()}, 1, 1, capacity, R};
+      sh::host::select(policy, r.caches[0].view(), r.model, budget, scores, r.workspace->span(), r.selection(stride));
+      REQUIRE(r.counts[0] == 1);
+      chosen.push_back(r.slots[0]);
+    }
+    return chosen;
+  };
+  // Each rank sums starting with itself: they diverge.
+  CHECK(choices(reduce_from) == std::vector<std::int32_t>{1, 0, 0});
   // The same bits to every rank (rank 0's order delivered to all) agree.
-  std::vector<float> reduced = reduce_from(0);
-  for (std::int32_t k = 0; k < R; ++k) {
-    rank_shard& r = *ranks[static_cast<std::size_t>(k)];
-    sh::partial_scores<host> scores{{reduced.data(), reduced.size()}, 1, 1, capacity, R};
-    sh::host::select(policy, r.caches[0].view(), r.model, budget, scores, r.workspace->span(), r.selection(stride));
-    CHECK(r.slots[0] == 1);
-  }
+  CHECK(choices([&](std::int32_t) { return reduce_from(0); }) == std::vector<std::int32_t>{1, 1, 1});
 }
 
 TEST_CASE("tensor parallel: bad partial scores are refused, naming the argument", "[tensor_parallel][bad_input]") {

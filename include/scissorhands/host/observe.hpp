@@ -285,21 +285,9 @@ SCISSORHANDS_NOINLINE void combine_row(float* __restrict acc, const float* __res
   for (std::int32_t u = 0; u < n; ++u) acc[u] = Gqa::combine(acc[u], p[u]);
 }
 
-// Feeds one step's combined probability of slot t of head h of row r to
-// its history.
-template <class Policy>
-inline void record(const Policy& policy, const eviction_state<memory_space::host>& state, std::int32_t r,
-                   std::int32_t h, std::int32_t t, std::int64_t step, float probability, std::int32_t visible) {
-  using Obs = typename Policy::observation;
-  const float c = Obs::contribution(probability, visible, policy.config);
-  const std::int64_t i = state.row_index(r, h, t);
-  Policy::history::update(state.scores[i], state.observed[i], state.ring_of(r, h, t), step, c, policy.config,
-                          Obs::binary);
-}
-
-// record() for slots t0 .. t0 + n - 1 of head h of row r, combined[u] the
-// probability of slot t0 + u: the same operations per slot, with the
-// slot's pointers advanced in step so that the loop vectorises (the
+// Feeds one step's combined probabilities of slots t0 .. t0 + n - 1 of head
+// h of row r to their histories, combined[u] the probability of slot
+// t0 + u: the slot's pointers advanced in step so that the loop vectorises (the
 // window slot of `step` and its ring word are the same for every token,
 // and word-major, the words of consecutive slots are adjacent).
 template <class Policy>
@@ -635,7 +623,8 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
         group_logits(cache.k_row(b, h, t));
         float acc = Gqa::identity();
         for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
-        record(policy, state, r, h, t, step, Gqa::finish(acc, group), visible);
+        const float combined = Gqa::finish(acc, group);
+        record_run(policy, state, r, h, t, 1, step, &combined, visible);
       }
     }
   }

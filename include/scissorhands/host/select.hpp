@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "../model_state.hpp"
 #include "../partial_scores.hpp"
