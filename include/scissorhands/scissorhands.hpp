@@ -21,5 +21,6 @@
 #include "policy/concepts.hpp"
 #include "policy/eviction_policy.hpp"
 #include "policy/granularity.hpp"
+#include "quantized_kv_view.hpp"
 #include "selection.hpp"
 #include "span.hpp"

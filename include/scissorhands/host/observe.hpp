@@ -32,6 +32,7 @@
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
 #include "../paged_kv_view.hpp"
+#include "../quantized_kv_view.hpp"
 #include "../policy/eviction_policy.hpp"
 
 namespace scissorhands::host {
@@ -175,6 +176,68 @@ void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& 
   validate_shape(fn, cache);
   validate_page_table(fn, cache);
 }
+template <class Codes>
+void validate_cache(const char* fn, const quantized_kv_view<Codes>& cache) {
+  static_assert(Codes::space == memory_space::host, "the host backend needs a host view");
+  require(cache.head_dim <= key_scratch_floats, fn, "cache.head_dim", "must be at most ", key_scratch_floats,
+          " for a quantized cache (a K row is dequantized on the stack), got ", cache.head_dim);
+  validate_shape(fn, cache);
+  if constexpr (quantized_kv_view<Codes>::paged) validate_page_table(fn, cache.codes());
+}
+
+// The K rows a call reads as floats: a float row is used in place, any
+// other element type converted into `scratch`, a quantized row
+// dequantized into it (scratch holds head_dim floats).
+template <class View>
+inline const float* key_as_float(const View& cache, std::int32_t b, std::int32_t h, std::int32_t t, float* scratch) {
+  if constexpr (is_quantized_view_v<View>) {
+    cache.dequantize_k(b, h, t, scratch);
+    return scratch;
+  } else {
+    using T = typename View::element_type;
+    const T* k = cache.k_row(b, h, t);
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+      return k;
+    } else {
+      for (std::int32_t x = 0; x < cache.head_dim; ++x) scratch[x] = to_float(k[x]);
+      return scratch;
+    }
+  }
+}
+// Bytes of a K row in memory (what a prefetch covers).
+template <class View>
+inline std::int32_t key_row_bytes(const View& cache) {
+  if constexpr (is_quantized_view_v<View>)
+    return cache.code_row_bytes();
+  else
+    return cache.head_dim * static_cast<std::int32_t>(sizeof(typename View::element_type));
+}
+
+// A quantized cache's K parameters of slots [first(b), len) of every
+// sequence b must be finite before a call reads them: a NaN scale would
+// turn every logit of the row into NaN. Slot-wise first(b): observe from
+// queries reads every held row, the static scorers the new ones.
+template <class View, class First>
+void validate_key_params(const char* fn, const View& cache, First&& first) {
+  if constexpr (is_quantized_view_v<View>) {
+    const std::int32_t n = cache.params_per_row();
+    for (std::int32_t b = 0; b < cache.batch; ++b) {
+      const std::int32_t len = cache.length(b);
+      for (std::int32_t h = 0; h < cache.kv_heads; ++h)
+        for (std::int32_t t = first(b); t < len; ++t) {
+          const float* p = cache.k_params_row(b, h, t);
+          bool finite = true;
+          for (std::int32_t i = 0; i < n; ++i) finite &= std::isfinite(p[i]);
+          if (finite) [[likely]]
+            continue;
+          std::int32_t i = 0;
+          while (std::isfinite(p[i])) ++i;
+          fail(fn, "cache.k_params", "value ", i, " of (sequence ", b, ", head ", h, ", slot ", t,
+               ") must be finite, got ", p[i]);
+        }
+    }
+  }
+}
 
 // The state rows a batch maps to must be in range and distinct (-1: a
 // padding slot, which must hold no token). Distinctness is checked with
@@ -245,6 +308,31 @@ void validate_common(const char* fn, const Policy& policy, const View& cache,
   }
 }
 
+// A static observation's score of K row (b, h, t); a quantized row is
+// scored on its dequantized values.
+template <class Obs, class View>
+inline float static_score_of(const View& cache, std::int32_t b, std::int32_t h, std::int32_t t,
+                             std::int32_t position, const settings& cfg) {
+  if constexpr (is_quantized_view_v<View>) {
+    float k[key_scratch_floats];
+    cache.dequantize_k(b, h, t, k);
+    return Obs::static_score(static_cast<const float*>(k), cache.head_dim, position, h, cfg);
+  } else {
+    return Obs::static_score(cache.k_row(b, h, t), cache.head_dim, position, h, cfg);
+  }
+}
+
+// Before admit: a static scorer reads the new K rows, whose quantization
+// parameters must then be finite.
+template <class Policy, class View>
+void validate_new_key_params(const char* fn, const View& cache, const eviction_state<memory_space::host>& state) {
+  if constexpr (!Policy::observation::needs_attention)
+    validate_key_params(fn, cache, [&](std::int32_t b) {
+      const std::int32_t r = state.row(b);
+      return r < 0 ? cache.length(b) : state.tracked[r];
+    });
+}
+
 // Gives the new tokens of every sequence their positions and fresh state.
 template <class Policy, class View>
 void admit(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state) {
@@ -263,7 +351,7 @@ void admit(const Policy& policy, const View& cache, const eviction_state<memory_
         if constexpr (Obs::needs_attention)
           state.scores[i] = 0.0f;
         else
-          state.scores[i] = Obs::static_score(cache.k_row(b, h, t), cache.head_dim, position, h, policy.config);
+          state.scores[i] = static_score_of<Obs>(cache, b, h, t, position, policy.config);
         state.observed[i] = 0.0f;
       }
       // The ring is word-major: each word of the new slots is one run.
@@ -319,7 +407,6 @@ template <class Policy, class View, class Q>
 void observe_queries_blocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
                              const query_view<Q, memory_space::host>& queries, const lse_view<memory_space::host>& lse,
                              float scale, std::int64_t first_unit, std::int64_t end_unit) {
-  using T = typename View::element_type;
   using Gqa = typename Policy::gqa;
   constexpr std::int32_t tile = logit_tile;
   const std::int32_t d = cache.head_dim;
@@ -328,7 +415,7 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
   float kf[key_scratch_floats];
   float z[max_group_size * tile];
   float norm[max_group_size];
-  const std::int32_t row_bytes = d * static_cast<std::int32_t>(sizeof(T));
+  const std::int32_t row_bytes = key_row_bytes(cache);
   // Logits of tokens [t0, t0 + n) into z[g * tile + u], minus `shift[g]`.
   // A head's consecutive keys are a page or more apart in NHD and paged
   // layouts, where the hardware prefetchers stop: the next tile's rows are
@@ -338,14 +425,7 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
     for (std::int32_t u = 0; u < n; ++u) {
       // One row a tile ahead per row computed: a steady stream of misses.
       if (t0 + u + tile < len) prefetch_row(cache.k_row(b, h, t0 + u + tile), row_bytes);
-      const T* k = cache.k_row(b, h, t0 + u);
-      const float* kp;
-      if constexpr (std::is_same_v<T, float>) {
-        kp = k;
-      } else {
-        for (std::int32_t x = 0; x < d; ++x) kf[x] = to_float(k[x]);
-        kp = kf;
-      }
+      const float* kp = key_as_float(cache, b, h, t0 + u, kf);
       // Four query heads at a time share each load of the key row.
       float dots[max_group_size];
       std::int32_t g = 0;
@@ -524,6 +604,7 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
         }
     }
   }
+  validate_new_key_params<Policy>(fn, cache, state);
   admit(policy, cache, state);
   if constexpr (Obs::needs_attention) advance_steps(cache, state, probs);
   // One unit per (sequence, KV head) pair.
@@ -566,7 +647,6 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
                                const query_view<Q, memory_space::host>& queries,
                                const lse_view<memory_space::host>& lse, float scale, std::int64_t first_unit,
                                std::int64_t end_unit) {
-  using T = typename View::element_type;
   using Gqa = typename Policy::gqa;
   const std::int32_t d = cache.head_dim;
   const std::int32_t group = queries.q_heads / cache.kv_heads;
@@ -575,11 +655,21 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
   float logits[max_group_size];
   // The group's logits against one key row, computed together so K is read
   // once per row and the group's dot products run as independent chains.
-  const auto group_logits = [&](const T* k) {
+  // A quantized row is dequantized first (head_dim <= key_scratch_floats).
+  const auto group_logits = [&](std::int32_t b, std::int32_t h, std::int32_t t) {
     for (std::int32_t g = 0; g < group; ++g) logits[g] = 0.0f;
-    for (std::int32_t x = 0; x < d; ++x) {
-      const float kx = to_float(k[x]);
-      for (std::int32_t g = 0; g < group; ++g) logits[g] += to_float(q_rows[g][x]) * kx;
+    const auto accumulate = [&](const auto* k) {
+      for (std::int32_t x = 0; x < d; ++x) {
+        const float kx = to_float(k[x]);
+        for (std::int32_t g = 0; g < group; ++g) logits[g] += to_float(q_rows[g][x]) * kx;
+      }
+    };
+    if constexpr (is_quantized_view_v<View>) {
+      float kf[key_scratch_floats];
+      cache.dequantize_k(b, h, t, kf);
+      accumulate(static_cast<const float*>(kf));
+    } else {
+      accumulate(cache.k_row(b, h, t));
     }
     for (std::int32_t g = 0; g < group; ++g) logits[g] *= scale;
   };
@@ -606,7 +696,7 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
           run_sum[g] = 0.0f;
         }
         for (std::int32_t t = 0; t < visible; ++t) {
-          group_logits(cache.k_row(b, h, t));
+          group_logits(b, h, t);
           for (std::int32_t g = 0; g < group; ++g) {
             if (logits[g] > run_max[g]) {
               run_sum[g] = run_sum[g] * std::exp(run_max[g] - logits[g]) + 1.0f;
@@ -620,7 +710,7 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
       }
       const std::int64_t step = first_step + j;
       for (std::int32_t t = 0; t < visible; ++t) {
-        group_logits(cache.k_row(b, h, t));
+        group_logits(b, h, t);
         float acc = Gqa::identity();
         for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
         const float combined = Gqa::finish(acc, group);
@@ -635,8 +725,8 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
                           query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse,
                           float softmax_scale) {
   static_assert(View::space == memory_space::host, "host::observe_queries needs a host view");
-  using T = typename View::element_type;
-  static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
+  static_assert(is_quantized_view_v<View> || float_convertible<typename View::element_type>,
+                "specialise scissorhands::element_traits for the cache's element type");
   static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
   validate_common(fn, policy, cache, state);
   using Obs = typename Policy::observation;
@@ -677,7 +767,10 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
                     ", query head ", qh, ", query ", j, ") must be finite, got ", lse.natural(b, qh, j));
       }
     }
+    // Every held K row of a sequence with queries is read.
+    validate_key_params(fn, cache, [&](std::int32_t b) { return queries.queries_of(b) > 0 ? 0 : cache.length(b); });
   }
+  validate_new_key_params<Policy>(fn, cache, state);
   admit(policy, cache, state);
   if constexpr (Obs::needs_attention) advance_steps(cache, state, queries);
   // One unit per (sequence, KV head) pair.
@@ -738,6 +831,7 @@ template <class Policy, class View>
 void admit(const Policy& policy, View cache, eviction_state<memory_space::host> state) {
   const char* fn = "host::admit";
   detail::validate_common(fn, policy, cache, state);
+  detail::validate_new_key_params<Policy>(fn, cache, state);
   detail::admit(policy, cache, state);
 }
 

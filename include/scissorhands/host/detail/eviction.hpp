@@ -13,6 +13,7 @@
 #include "../../eviction_state.hpp"
 #include "../../model_state.hpp"
 #include "../../partial_scores.hpp"
+#include "../../quantized_kv_view.hpp"
 #include "../../policy/eviction_policy.hpp"
 
 namespace scissorhands::host::detail {
@@ -102,13 +103,23 @@ inline void move_state(const eviction_state<memory_space::host>& state, std::int
   const history_ring dst_ring = state.ring_of(r, h, to);
   for (std::int32_t w = 0; w < state.shape.ring_words; ++w) dst_ring[w] = src_ring[w];
 }
+// A quantized cache moves the token's code rows and parameter rows.
 template <class View>
 inline void move_token(const View& cache, const eviction_state<memory_space::host>& state, std::int32_t b,
                        std::int32_t h, std::int32_t from, std::int32_t to) {
-  using T = typename View::element_type;
-  const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
-  std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
-  std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
+  if constexpr (is_quantized_view_v<View>) {
+    const auto codes = static_cast<std::size_t>(cache.code_row_bytes());
+    std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), codes);
+    std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), codes);
+    const std::size_t params = sizeof(float) * static_cast<std::size_t>(cache.params_per_row());
+    std::memcpy(cache.k_params_row(b, h, to), cache.k_params_row(b, h, from), params);
+    std::memcpy(cache.v_params_row(b, h, to), cache.v_params_row(b, h, from), params);
+  } else {
+    using T = typename View::element_type;
+    const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
+    std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
+    std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
+  }
   move_state(state, state.row(b), h, from, to);
 }
 
