@@ -51,6 +51,7 @@ struct twin_cache {
   std::vector<std::int32_t> indptr, indices, last_page_len;
   std::map<std::tuple<int, std::int32_t, std::int32_t, std::int32_t>, stored_row> appended;  // (kind, b, h, position)
   std::vector<std::int32_t> next_position;
+  std::int32_t layer = 0;  // mixed into the values: layers hold other tokens
 
   twin_cache(shape s_, bool paged_, bool hnd_, sh::kv_quantization q_)
       : s(s_), paged(paged_), hnd(hnd_), q(q_), code_bytes(q_.code_row_bytes(s_.head_dim)),
@@ -125,7 +126,8 @@ struct twin_cache {
       for (int kind = 0; kind < 2; ++kind) {
         std::vector<float> x(static_cast<std::size_t>(s.head_dim));
         for (std::int32_t d = 0; d < s.head_dim; ++d)
-          x[static_cast<std::size_t>(d)] = token_value(kind, b, h, position, d) * (1.0f + static_cast<float>(d % 5));
+          x[static_cast<std::size_t>(d)] =
+              token_value(kind, b, h + 16 * layer, position, d) * (1.0f + static_cast<float>(d % 5));
         std::uint8_t* c = kind == 0 ? qv.k_row(b, h, t) : qv.v_row(b, h, t);
         float* p = kind == 0 ? qv.k_params_row(b, h, t) : qv.v_params_row(b, h, t);
         sh::quantize_row(x.data(), s.head_dim, q, c, p);
@@ -135,6 +137,31 @@ struct twin_cache {
       }
   }
 };
+
+// Every held row of a twin: the packed row and parameters appended for its
+// token (found by the position the state holds for the slot), and the
+// float twin's row their dequantized values.
+template <class QView, class FView>
+void check_rows(const twin_cache& c, const QView& qview, const FView& fview, const sh::eviction_state<host>& st,
+                std::int32_t capacity) {
+  std::vector<float> deq(static_cast<std::size_t>(c.s.head_dim));
+  for (std::int32_t b = 0; b < c.s.batch; ++b)
+    for (std::int32_t h = 0; h < c.s.kv_heads; ++h)
+      for (std::int32_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
+        const std::int32_t position =
+            st.positions[(std::int64_t{st.row(b)} * c.s.kv_heads + h) * capacity + t];
+        for (int kind = 0; kind < 2; ++kind) {
+          const stored_row& want = c.appended.at({kind, b, h, position});
+          const std::uint8_t* codes = kind == 0 ? qview.k_row(b, h, t) : qview.v_row(b, h, t);
+          const float* params = kind == 0 ? qview.k_params_row(b, h, t) : qview.v_params_row(b, h, t);
+          REQUIRE(std::memcmp(codes, want.codes.data(), want.codes.size()) == 0);
+          REQUIRE(std::memcmp(params, want.params.data(), want.params.size() * sizeof(float)) == 0);
+          sh::dequantize_row(codes, params, c.s.head_dim, c.q, deq.data());
+          const float* f = kind == 0 ? fview.k_row(b, h, t) : fview.v_row(b, h, t);
+          REQUIRE(std::memcmp(f, deq.data(), deq.size() * sizeof(float)) == 0);
+        }
+      }
+}
 
 // The queries of one step: q_len per sequence, [batch][q_len][q_heads][head_dim].
 std::vector<float> queries_of(const shape& s, std::int32_t q_len, std::int32_t step) {
@@ -203,33 +230,99 @@ void run_twins(const Policy& policy, bool paged, bool hnd, sh::kv_quantization q
     REQUIRE(std::memcmp(qs->buffer.data(), fs->buffer.data(), qs->buffer.size()) == 0);
     c.lengths = new_q;
     c.rebuild_table();
-    // Every held row: the packed row and parameters appended for its token,
-    // and the float twin's row their dequantized values.
-    const auto check = [&](auto qview, auto fview) {
-      std::vector<float> deq(static_cast<std::size_t>(s.head_dim));
-      for (std::int32_t b = 0; b < s.batch; ++b)
-        for (std::int32_t h = 0; h < s.kv_heads; ++h)
-          for (std::int32_t t = 0; t < c.lengths[static_cast<std::size_t>(b)]; ++t) {
-            const std::int32_t position = qs->state.positions[qs->at(qs->state.row(b), h, t)];
-            for (int kind = 0; kind < 2; ++kind) {
-              const stored_row& want = c.appended.at({kind, b, h, position});
-              const std::uint8_t* codes = kind == 0 ? qview.k_row(b, h, t) : qview.v_row(b, h, t);
-              const float* params = kind == 0 ? qview.k_params_row(b, h, t) : qview.v_params_row(b, h, t);
-              REQUIRE(std::memcmp(codes, want.codes.data(), want.codes.size()) == 0);
-              REQUIRE(std::memcmp(params, want.params.data(), want.params.size() * sizeof(float)) == 0);
-              sh::dequantize_row(codes, params, s.head_dim, q, deq.data());
-              const float* f = kind == 0 ? fview.k_row(b, h, t) : fview.v_row(b, h, t);
-              REQUIRE(std::memcmp(f, deq.data(), deq.size() * sizeof(float)) == 0);
-            }
-          }
-    };
     if (paged)
-      check(c.quantized_paged(), c.float_paged());
+      check_rows(c, c.quantized_paged(), c.float_paged(), qs->state, qs->shape.capacity);
     else
-      check(c.quantized_contiguous(), c.float_contiguous());
+      check_rows(c, c.quantized_contiguous(), c.float_contiguous(), qs->state, qs->shape.capacity);
   }
   // The run evicted: the budget bound every sequence.
   for (std::int32_t b = 0; b < s.batch; ++b) CHECK(c.lengths[static_cast<std::size_t>(b)] <= budget);
+}
+
+// shared_layers: select once over two layers, compact each layer; the
+// quantized twin and the float twin must select the same slots.
+template <class Policy>
+void run_twins_layers(const Policy& policy, bool paged, bool hnd, sh::kv_quantization q) {
+  const shape s;
+  const std::int32_t budget = 20, L = 2;
+  std::vector<twin_cache> c;
+  for (std::int32_t l = 0; l < L; ++l) {
+    c.emplace_back(s, paged, hnd, q);
+    c.back().layer = l;
+  }
+  const sh::state_shape shape{s.batch, s.kv_heads, s.capacity, policy.ring_words()};
+  aligned_bytes mq(sh::model_state_bytes(shape, L)), mf(sh::model_state_bytes(shape, L));
+  const auto model_q = sh::make_model_state(mq.span(), shape, L), model_f = sh::make_model_state(mf.span(), shape, L);
+  sh::host::reset_state(model_q);
+  sh::host::reset_state(model_f);
+  const std::int32_t stride = sh::max_evictions(shape.capacity, budget, policy.config.evict_count);
+  struct selection_store {
+    std::vector<std::int32_t> counts, slots, new_lengths, freed;
+  } sq, sf;
+  for (auto* st : {&sq, &sf}) {
+    st->counts.resize(static_cast<std::size_t>(s.batch));
+    st->slots.resize(static_cast<std::size_t>(s.batch * stride));
+    st->new_lengths.resize(static_cast<std::size_t>(s.batch));
+    st->freed.resize(static_cast<std::size_t>(s.batch));
+  }
+  const auto selection = [&](selection_store& st) {
+    return sh::eviction_selection<host>{stride, {st.counts.data(), st.counts.size()},
+                                        {st.slots.data(), st.slots.size()}, {},
+                                        {{st.new_lengths.data(), st.new_lengths.size()},
+                                         {st.freed.data(), st.freed.size()}}};
+  };
+  for (std::int32_t step = 0; step < 30; ++step) {
+    const std::int32_t add = step == 0 ? 22 : 1;
+    for (auto& layer : c)
+      for (std::int32_t b = 0; b < s.batch; ++b)
+        for (std::int32_t i = 0; i < add; ++i) {
+          ++layer.lengths[static_cast<std::size_t>(b)];
+          layer.rebuild_table();
+          if (paged)
+            layer.append_into(layer.quantized_paged(), layer.float_paged(), b);
+          else
+            layer.append_into(layer.quantized_contiguous(), layer.float_contiguous(), b);
+          ++layer.next_position[static_cast<std::size_t>(b)];
+        }
+    const std::vector<float> qdata = queries_of(s, 1, step);
+    const auto qv = sh::query_view<float, host>::dense({qdata.data(), qdata.size()}, s.q_heads, 1, s.head_dim);
+    const auto run = [&](auto view_of_q, auto view_of_f) {
+      for (std::int32_t l = 0; l < L; ++l) {
+        sh::host::observe_queries(policy, view_of_q(l), model_q.layer(l), qv);
+        sh::host::observe_queries(policy, view_of_f(l), model_f.layer(l), qv);
+      }
+      aligned_bytes wq(sh::host::select_workspace_bytes(view_of_q(0), shape)),
+          wf(sh::host::select_workspace_bytes(view_of_f(0), shape));
+      sh::host::select(policy, view_of_q(0), model_q, budget, wq.span(), selection(sq));
+      sh::host::select(policy, view_of_f(0), model_f, budget, wf.span(), selection(sf));
+      for (std::int32_t l = 0; l < L; ++l) {
+        aligned_bytes cq(sh::host::compact_workspace_bytes(view_of_q(l)) + 8),
+            cf(sh::host::compact_workspace_bytes(view_of_f(l)) + 8);
+        sh::host::compact(policy, view_of_q(l), model_q.layer(l), selection(sq), cq.span());
+        sh::host::compact(policy, view_of_f(l), model_f.layer(l), selection(sf), cf.span());
+      }
+    };
+    const auto at = [&](std::int32_t l) -> twin_cache& { return c[static_cast<std::size_t>(l)]; };
+    if (paged)
+      run([&](std::int32_t l) { return at(l).quantized_paged(); }, [&](std::int32_t l) { return at(l).float_paged(); });
+    else
+      run([&](std::int32_t l) { return at(l).quantized_contiguous(); },
+          [&](std::int32_t l) { return at(l).float_contiguous(); });
+    INFO("step " << step);
+    REQUIRE(sq.counts == sf.counts);
+    REQUIRE(sq.slots == sf.slots);
+    REQUIRE(sq.new_lengths == sf.new_lengths);
+    REQUIRE(mq.snapshot() == mf.snapshot());
+    for (std::int32_t l = 0; l < L; ++l) {
+      at(l).lengths = sq.new_lengths;
+      at(l).rebuild_table();
+      if (paged)
+        check_rows(at(l), at(l).quantized_paged(), at(l).float_paged(), model_q.layer(l), shape.capacity);
+      else
+        check_rows(at(l), at(l).quantized_contiguous(), at(l).float_contiguous(), model_q.layer(l), shape.capacity);
+    }
+  }
+  for (std::int32_t b = 0; b < s.batch; ++b) CHECK(c[0].lengths[static_cast<std::size_t>(b)] <= budget);
 }
 
 template <class Policy>
@@ -480,4 +573,15 @@ TEST_CASE("quantized bad input: a NaN or Inf K scale in a row that is read", "[q
     v.v_params_row(0, 1, 10)[0] = std::numeric_limits<float>::quiet_NaN();
     CHECK_NOTHROW(sh::host::admit(policy, v, s.state));
   }
+}
+
+TEST_CASE("quantized cache: shared_heads compress and shared_layers select + compact", "[quantized][granularity]") {
+  using heads = sh::with_granularity<sh::scissorhands_policy, sh::shared_heads<sh::mean_score>>;
+  using layers = sh::with_granularity<sh::h2o_policy, sh::shared_layers<sh::max_score, sh::mean_score>>;
+  for (const bool paged : {false, true})
+    for (const auto kind : {sh::quant_kind::int8, sh::quant_kind::int4})
+      DYNAMIC_SECTION((paged ? "paged " : "contiguous ") << sh::name_of(kind)) {
+        run_twins(heads{}, paged, paged, {kind, 8}, 1);
+        run_twins_layers(layers{}, paged, !paged, {kind, 8});
+      }
 }
