@@ -14,10 +14,15 @@
 //          then the scoring pass: 2 reads, counted as such (from L2 or L3: a head's keys are 256 KiB at B = 512, 4 MiB at 8192).
 // observe_queries_lse_bf16: the same on a cache stored as an engine's bf16
 //          (K counted at 2 bytes per element).
+// observe_queries_lse_int8 / _int4: the same on a quantized cache
+//          (quantized_kv_view, groups of 32), K dequantized on the fly: K
+//          counted as its codes plus its fp32 group parameters (136 and 72
+//          bytes per row at head_dim 128).
 // items = (sequence, KV head, token) triples observed.
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -90,8 +95,42 @@ void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_
                         static_cast<std::int64_t>(p.size() * sizeof(float))));
 }
 
-// T: the cache's element type: float, or an engine's bf16 (the layer's K
-// and V rounded to it; the library reads it through element_traits).
+// The layer's K and V quantized with the reference quantizer, NHD.
+struct quantized_copy {
+  std::vector<std::uint8_t> codes[2];
+  std::vector<float> params[2];
+  sh::host_quantized_kv_view view;
+  quantized_copy(const layer& l, std::int32_t batch, std::int32_t length, sh::kv_quantization q) {
+    const std::size_t rows = l.cache.k.size() / head_dim;
+    for (int kind = 0; kind < 2; ++kind) {
+      codes[kind].resize(rows * static_cast<std::size_t>(q.code_row_bytes(head_dim)));
+      params[kind].resize(rows * static_cast<std::size_t>(q.params_per_row(head_dim)));
+    }
+    view = sh::make_quantized_kv_view<sh::memory_space::host>(
+        {codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()}, {params[0].data(), params[0].size()},
+        {params[1].data(), params[1].size()}, l.cache.lengths, batch, kv_heads, head_dim, length,
+        sh::named_layout::nhd, q);
+    for (std::int32_t b = 0; b < batch; ++b)
+      for (std::int32_t h = 0; h < kv_heads; ++h)
+        for (std::int32_t t = 0; t < length; ++t) {
+          sh::quantize_row(l.cache.k_row(b, h, t), head_dim, q, view.k_row(b, h, t), view.k_params_row(b, h, t));
+          sh::quantize_row(l.cache.v_row(b, h, t), head_dim, q, view.v_row(b, h, t), view.v_params_row(b, h, t));
+        }
+  }
+};
+
+struct int8_storage {};
+struct int4_storage {};
+template <class T>
+constexpr bool is_quantized_storage = std::is_same_v<T, int8_storage> || std::is_same_v<T, int4_storage>;
+template <class T>
+constexpr sh::kv_quantization quantization_of() {
+  return {std::is_same_v<T, int8_storage> ? sh::quant_kind::int8 : sh::quant_kind::int4, 32};
+}
+
+// T: how the cache is stored: float, an engine's bf16 (the layer's K and V
+// rounded to it; the library reads it through element_traits), or int8 /
+// int4 codes with group parameters (a quantized_kv_view).
 template <class T>
 void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
                      std::int32_t threads) {
@@ -99,9 +138,13 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   layer l = make_layer(policy, batch, length);
   set_lengths(l, length);
   std::vector<T> k_narrow, v_narrow;
+  std::unique_ptr<quantized_copy> quantized;
   const auto cache = [&] {
     if constexpr (std::is_same_v<T, float>) {
       return l.cache;
+    } else if constexpr (is_quantized_storage<T>) {
+      quantized = std::make_unique<quantized_copy>(l, batch, length, quantization_of<T>());
+      return quantized->view;
     } else {
       const std::size_t n = l.cache.k.size();
       k_narrow.resize(n);
@@ -111,6 +154,16 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
                               l.cache.lengths, batch, kv_heads, head_dim, length, sh::named_layout::nhd);
     }
   }();
+  // K row (b, h, t) as the library reads it.
+  std::vector<float> key(head_dim);
+  const auto key_of = [&](std::int32_t b, std::int32_t h, std::int32_t t) {
+    if constexpr (is_quantized_storage<T>) {
+      cache.dequantize_k(b, h, t, key.data());
+    } else {
+      for (std::int32_t d = 0; d < head_dim; ++d) key[static_cast<std::size_t>(d)] = sh::to_float(cache.k_row(b, h, t)[d]);
+    }
+    return key.data();
+  };
   std::vector<float> q(static_cast<std::size_t>(batch) * q_heads * head_dim);
   rng r(4);
   for (float& x : q) x = r.symmetric();
@@ -126,10 +179,10 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
       std::vector<double> logits(static_cast<std::size_t>(length));
       double m = -1e300;
       for (std::int32_t t = 0; t < length; ++t) {
-        const T* k = cache.k_row(b, qh / group, t);
+        const float* k = key_of(b, qh / group, t);
         const float* x = queries.row(b, qh, 0);
         double dot = 0.0;
-        for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * sh::to_float(k[d]);
+        for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * k[d];
         logits[static_cast<std::size_t>(t)] = dot * scale;
         m = std::max(m, dot * scale);
       }
@@ -151,8 +204,13 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   }
   const auto tokens = static_cast<std::int64_t>(l.tokens());
   const std::int64_t k_passes = with_lse ? 1 : 2;
+  std::int64_t k_row_bytes = head_dim * static_cast<std::int64_t>(sizeof(T));
+  if constexpr (is_quantized_storage<T>) {
+    constexpr sh::kv_quantization q = quantization_of<T>();
+    k_row_bytes = q.code_row_bytes(head_dim) + q.params_per_row(head_dim) * std::int64_t{sizeof(float)};
+  }
   const std::int64_t per_call = tokens * static_cast<std::int64_t>(state_observe_bytes) +
-                                k_passes * tokens * head_dim * static_cast<std::int64_t>(sizeof(T)) +
+                                k_passes * tokens * k_row_bytes +
                                 static_cast<std::int64_t>(q.size() * sizeof(float)) +
                                 (with_lse ? static_cast<std::int64_t>(lse_data.size() * sizeof(float)) : 0);
   st.SetItemsProcessed(st.iterations() * tokens);
@@ -190,10 +248,17 @@ void register_observe() {
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length, false, 0)
           ->Unit(benchmark::kMicrosecond);
-      if (length == 2048)
+      if (length == 2048) {
         benchmark::RegisterBenchmark(("observe_queries_lse_bf16" + shape).c_str(), observe_queries<bench_bf16>, batch,
                                      length, true, 0)
             ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("observe_queries_lse_int8" + shape).c_str(), observe_queries<int8_storage>,
+                                     batch, length, true, 0)
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("observe_queries_lse_int4" + shape).c_str(), observe_queries<int4_storage>,
+                                     batch, length, true, 0)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
 }
 

@@ -2,20 +2,21 @@
 // A quantized KV cache: two caches that share one sequence table (lengths,
 // or a page table). The codes are a kv_view or paged_kv_view of bytes whose
 // rows are the packed codes of one (sequence, head, slot); the parameters
-// are rows of floats (the groups' scales, and minima for int4) at the same
+// are rows of floats (the groups' scales, and zero points for int4) at the same
 // (sequence, head, slot), in buffers and layouts of their own. compress
 // moves a token's code row and its parameter row together; observe from
 // queries and the static scorers dequantize K on the fly. Values are
 // dequantized as
 //
-//   int8: x = scale[g] * q          q a signed byte in [-127, 127]
-//   int4: x = scale[g] * q + min[g] q an unsigned nibble in [0, 15]; element
-//                                   2i in the low nibble of byte i, 2i + 1
-//                                   in the high one
+//   int8: x = scale[g] * q              q a signed byte in [-127, 127]
+//   int4: x = scale[g] * (q - zero[g])  q an unsigned nibble in [0, 15];
+//                                       element 2i in the low nibble of
+//                                       byte i, 2i + 1 in the high one
 //
 // for the group g = x / group_size of the element; a row's parameters are
-// [scale_0 .. scale_{G-1}] for int8 and [scale_0, min_0, scale_1, min_1, ..]
-// for int4 (G = head_dim / group_size). The library never quantizes a
+// [scale_0 .. scale_{G-1}] for int8 and [scale_0, zero_0, scale_1, zero_1,
+// ..] for int4 (G = head_dim / group_size); the zero point is a float (the
+// code of 0.0), so an asymmetric group loses nothing to its rounding. The library never quantizes a
 // cache: quantize_row is the reference an engine (or a test) may use on
 // append. Parameters are fp32; an engine storing fp16 scales converts them
 // when it fills the parameter rows.
@@ -44,7 +45,7 @@ enum class quant_kind : std::int32_t { int8 = 8, int4 = 4 };
 inline constexpr const char* name_of(quant_kind k) { return k == quant_kind::int8 ? "int8" : "int4"; }
 
 // How a row of head_dim elements is stored: the code width, and how many
-// consecutive elements share one scale (and minimum).
+// consecutive elements share one scale (and zero point).
 struct kv_quantization {
   quant_kind kind = quant_kind::int8;
   std::int32_t group_size = 32;
@@ -71,29 +72,41 @@ SCISSORHANDS_HOST_DEVICE inline float dequantize_element(const std::uint8_t* cod
   if (q.kind == quant_kind::int8) return params[g] * static_cast<float>(static_cast<std::int8_t>(codes[x]));
   const std::uint8_t byte = codes[x >> 1];
   const std::int32_t code = (x & 1) ? (byte >> 4) : (byte & 0x0F);
-  return fmaf(params[2 * g], static_cast<float>(code), params[2 * g + 1]);
+  return params[2 * g] * (static_cast<float>(code) - params[2 * g + 1]);
 }
 
-// A whole row, in element order (the same bits as dequantize_element).
-SCISSORHANDS_HOST_DEVICE inline void dequantize_row(const std::uint8_t* codes, const float* params,
-                                                    std::int32_t head_dim, kv_quantization q, float* out) {
+// A whole row, in element order, a group at a time (the same bits as
+// dequantize_element: a product, or a difference then a product, which no
+// compiler contracts into an fma, so every backend and flag set agrees).
+SCISSORHANDS_HOST_DEVICE inline void dequantize_row(const std::uint8_t* __restrict codes,
+                                                    const float* __restrict params, std::int32_t head_dim,
+                                                    kv_quantization q, float* __restrict out) {
+  const std::int32_t n = q.group_size;
   if (q.kind == quant_kind::int8) {
-    for (std::int32_t x = 0; x < head_dim; ++x)
-      out[x] = params[x / q.group_size] * static_cast<float>(static_cast<std::int8_t>(codes[x]));
+    for (std::int32_t g0 = 0, g = 0; g0 < head_dim; g0 += n, ++g) {
+      const float scale = params[g];
+      for (std::int32_t i = 0; i < n; ++i) out[g0 + i] = scale * static_cast<float>(static_cast<std::int8_t>(codes[g0 + i]));
+    }
     return;
   }
-  for (std::int32_t i = 0; i < head_dim / 2; ++i) {
-    const std::int32_t g = (2 * i) / q.group_size;  // group_size is even: both nibbles share it
-    const float scale = params[2 * g], lowest = params[2 * g + 1];
-    out[2 * i] = fmaf(scale, static_cast<float>(codes[i] & 0x0F), lowest);
-    out[2 * i + 1] = fmaf(scale, static_cast<float>(codes[i] >> 4), lowest);
+  // group_size is even: a group's codes are bytes [g0 / 2, (g0 + n) / 2).
+  for (std::int32_t g0 = 0, g = 0; g0 < head_dim; g0 += n, ++g) {
+    const float scale = params[2 * g], zero = params[2 * g + 1];
+    const std::uint8_t* c = codes + g0 / 2;
+    float* o = out + g0;
+    for (std::int32_t i = 0; i < n / 2; ++i) {
+      o[2 * i] = scale * (static_cast<float>(c[i] & 0x0F) - zero);
+      o[2 * i + 1] = scale * (static_cast<float>(c[i] >> 4) - zero);
+    }
   }
 }
 
 // The reference quantizer (round to nearest): int8 symmetric per group
 // (scale = max |x| / 127), int4 asymmetric per group (scale = (max - min) /
-// 15, min = min). A group of zeros (or of equal values for int4) gets
-// scale 0. `x` must be finite.
+// 15, zero = -min / scale, the code of 0.0, so that the group's minimum and
+// maximum map to codes 0 and 15). A group of zeros gets scale 0; an int4
+// group of one repeated value v gets scale v, zero 0 and codes 1 (exact).
+// `x` must be finite.
 inline void quantize_row(const float* x, std::int32_t head_dim, kv_quantization q, std::uint8_t* codes,
                          float* params) {
   for (std::int32_t g0 = 0, g = 0; g0 < head_dim; g0 += q.group_size, ++g) {
@@ -112,11 +125,13 @@ inline void quantize_row(const float* x, std::int32_t head_dim, kv_quantization 
         lo = std::fmin(lo, x[g0 + i]);
         hi = std::fmax(hi, x[g0 + i]);
       }
-      const float scale = (hi - lo) / 15.0f;
+      const float scale = hi > lo ? (hi - lo) / 15.0f : lo;
+      const float zero = hi > lo ? -lo / scale : 0.0f;
       params[2 * g] = scale;
-      params[2 * g + 1] = lo;
-      const auto code = [&](std::int32_t i) {
-        const float c = scale > 0.0f ? std::nearbyint((x[i] - lo) / scale) : 0.0f;
+      params[2 * g + 1] = zero;
+      const auto code = [&](std::int32_t i) -> std::uint32_t {
+        if (!(hi > lo)) return lo != 0.0f ? 1u : 0u;
+        const float c = std::nearbyint(x[i] / scale + zero);
         return static_cast<std::uint32_t>(std::fmax(0.0f, std::fmin(15.0f, c)));
       };
       // group_size is even and g0 a multiple of it: whole bytes.

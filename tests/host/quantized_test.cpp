@@ -371,9 +371,20 @@ TEST_CASE("quantize_row and dequantize_row: round trip within half a step, exact
   std::uint8_t c4[2];
   float p4[2];
   sh::quantize_row(x, 4, q4, c4, p4);
-  CHECK(p4[1] == -2.0f);
+  CHECK(p4[0] == 4.0f / 15.0f);
+  CHECK(p4[1] == 2.0f / (4.0f / 15.0f));  // the zero point: the code of 0.0
   CHECK((c4[0] & 0x0F) == 0);
   CHECK((c4[1] >> 4) == 15);
+  // A group of one repeated value is exact in both formats.
+  const float same[4] = {-3.25f, -3.25f, -3.25f, -3.25f};
+  float back[4];
+  for (const auto q : {q8, q4}) {
+    float params[2];
+    std::uint8_t codes[4];
+    sh::quantize_row(same, 4, q, codes, params);
+    sh::dequantize_row(codes, params, 4, q, back);
+    for (float b : back) CHECK(std::fabs(b - -3.25f) <= (q.kind == sh::quant_kind::int8 ? 3.25f / 254.0f : 0.0f));
+  }
 }
 
 TEST_CASE("quantized cache: default policy evicts what the dequantized oracle evicts", "[quantized]") {
