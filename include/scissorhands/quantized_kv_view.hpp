@@ -28,6 +28,7 @@
 // code_row_bytes() contiguous bytes, and the parameters' layouts in floats,
 // rows of params_per_row() contiguous floats.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -68,7 +69,7 @@ struct kv_quantization {
 // Element x of a row, from its codes and parameters.
 SCISSORHANDS_HOST_DEVICE inline float dequantize_element(const std::uint8_t* codes, const float* params,
                                                          std::int32_t x, kv_quantization q) {
-  const std::int32_t g = x / q.group_size;
+  const std::ptrdiff_t g = x / q.group_size;
   if (q.kind == quant_kind::int8) return params[g] * static_cast<float>(static_cast<std::int8_t>(codes[x]));
   const std::uint8_t byte = codes[x >> 1];
   const std::int32_t code = (x & 1) ? (byte >> 4) : (byte & 0x0F);
@@ -90,11 +91,11 @@ SCISSORHANDS_HOST_DEVICE inline void dequantize_row(const std::uint8_t* __restri
     return;
   }
   // group_size is even: a group's codes are bytes [g0 / 2, (g0 + n) / 2).
-  for (std::int32_t g0 = 0, g = 0; g0 < head_dim; g0 += n, ++g) {
+  for (std::ptrdiff_t g0 = 0, g = 0; g0 < head_dim; g0 += n, ++g) {
     const float scale = params[2 * g], zero = params[2 * g + 1];
     const std::uint8_t* c = codes + g0 / 2;
     float* o = out + g0;
-    for (std::int32_t i = 0; i < n / 2; ++i) {
+    for (std::ptrdiff_t i = 0; i < n / 2; ++i) {
       o[2 * i] = scale * (static_cast<float>(c[i] & 0x0F) - zero);
       o[2 * i + 1] = scale * (static_cast<float>(c[i] >> 4) - zero);
     }
@@ -105,11 +106,12 @@ SCISSORHANDS_HOST_DEVICE inline void dequantize_row(const std::uint8_t* __restri
 // (scale = max |x| / 127), int4 asymmetric per group (scale = (max - min) /
 // 15, zero = -min / scale, the code of 0.0, so that the group's minimum and
 // maximum map to codes 0 and 15). A group of zeros gets scale 0; an int4
-// group of one repeated value v gets scale v, zero 0 and codes 1 (exact).
+// group of one repeated value v (or a spread too small for a finite zero
+// point) gets scale v (the mid-range), zero 0 and codes 1: exact.
 // `x` must be finite.
 inline void quantize_row(const float* x, std::int32_t head_dim, kv_quantization q, std::uint8_t* codes,
                          float* params) {
-  for (std::int32_t g0 = 0, g = 0; g0 < head_dim; g0 += q.group_size, ++g) {
+  for (std::ptrdiff_t g0 = 0, g = 0; g0 < head_dim; g0 += q.group_size, ++g) {
     if (q.kind == quant_kind::int8) {
       float most = 0.0f;
       for (std::int32_t i = 0; i < q.group_size; ++i) most = std::fmax(most, std::fabs(x[g0 + i]));
@@ -125,17 +127,20 @@ inline void quantize_row(const float* x, std::int32_t head_dim, kv_quantization 
         lo = std::fmin(lo, x[g0 + i]);
         hi = std::fmax(hi, x[g0 + i]);
       }
-      const float scale = hi > lo ? (hi - lo) / 15.0f : lo;
-      const float zero = hi > lo ? -lo / scale : 0.0f;
+      // A spread too small for a finite zero point is stored as one value.
+      const float spread = (hi - lo) / 15.0f;
+      const bool flat = !(spread > 0.0f) || !std::isfinite(lo / spread);
+      const float scale = flat ? 0.5f * lo + 0.5f * hi : spread;
+      const float zero = flat ? 0.0f : -lo / spread;
       params[2 * g] = scale;
       params[2 * g + 1] = zero;
-      const auto code = [&](std::int32_t i) -> std::uint32_t {
-        if (!(hi > lo)) return lo != 0.0f ? 1u : 0u;
+      const auto code = [&](std::ptrdiff_t i) -> std::uint32_t {
+        if (flat) return 1u;
         const float c = std::nearbyint(x[i] / scale + zero);
         return static_cast<std::uint32_t>(std::fmax(0.0f, std::fmin(15.0f, c)));
       };
       // group_size is even and g0 a multiple of it: whole bytes.
-      for (std::int32_t i = g0; i < g0 + q.group_size; i += 2)
+      for (std::ptrdiff_t i = g0; i < g0 + q.group_size; i += 2)
         codes[i >> 1] = static_cast<std::uint8_t>(code(i) | (code(i + 1) << 4));
     }
   }

@@ -7,7 +7,8 @@
 // reset_state / reset_sequence, shrink_page_table, the sizing helpers,
 // catch_errors, token-level eviction (shared_heads compress, select,
 // compact, forget, the model state, tensor parallelism's local_scores and
-// select on reduced scores), their plans run in slices
+// select on reduced scores), quantized caches (quantized_kv_view, the
+// reference codec), their plans run in slices
 // (host/plan.hpp, host/threads.hpp), and the C++17 bridge's definitions
 // (one policy).
 // Built as part of the tests so it also compiles with g++.
@@ -130,6 +131,23 @@ void instantiate(sh::host_kv_view<float> contiguous, sh::host_paged_kv_view<floa
                                           state.shape, 2);
   use_token_level(contiguous, model, e);
   use_token_level(paged, model, e);
+  // Quantized caches (int8 / int4 codes with group parameters) over the same tables.
+  const sh::kv_quantization q{sh::quant_kind::int4, 32};
+  std::vector<std::uint8_t> codes(4096);
+  std::vector<float> params(1024);
+  const sh::host_span<std::uint8_t> k_codes(codes.data(), 2048), v_codes(codes.data() + 2048, 2048);
+  const sh::host_span<float> k_params(params.data(), 512), v_params(params.data() + 512, 512);
+  const auto quantized = sh::make_quantized_kv_view<host>(k_codes, v_codes, k_params, v_params, contiguous.lengths,
+                                                          contiguous.batch, contiguous.kv_heads, contiguous.head_dim,
+                                                          contiguous.capacity, sh::named_layout::hnd, q);
+  const auto quantized_paged = sh::make_quantized_paged_kv_view<host>(
+      k_codes, v_codes, k_params, v_params, paged.indptr, paged.indices, paged.last_page_len, paged.batch,
+      paged.kv_heads, paged.head_dim, paged.page_size, paged.num_pages, paged.max_pages_per_sequence, q);
+  use_backend(sh::scissorhands_policy{}, quantized, state, e);
+  use_backend(sh::key_norm_policy{}, quantized_paged, state, e);
+  use_token_level(quantized, model, e);
+  sh::quantize_row(params.data(), 64, q, codes.data(), params.data() + 64);
+  sh::dequantize_row(codes.data(), params.data() + 64, 64, q, params.data());
   sh::host::reset_state(model);
   sh::host::reset_sequence(model, 0, 0);
   (void)sh::max_evictions(512, 256, 8);
