@@ -487,7 +487,7 @@ struct bad_fixture {
     std::vector<std::uint64_t> work(4096);
     check(
         [&] {
-          sh::host::compress(policy, v, state->state, 4, {reinterpret_cast<std::byte*>(work.data()), work.size() * 8},
+          sh::host::compress(policy, v, state->state, 11, {reinterpret_cast<std::byte*>(work.data()), work.size() * 8},
                              {{new_lengths.data(), new_lengths.size()}, {}});
         },
         "host::compress");
@@ -497,7 +497,7 @@ struct bad_fixture {
 
 }  // namespace
 
-TEST_CASE("quantized bad input: group size zero, not dividing head_dim, odd for int4; unknown kind",
+TEST_CASE("quantized bad input: group size zero, not dividing head_dim, odd for int4, or an unknown kind",
           "[quantized][bad_input]") {
   bad_fixture f;
   auto v = f.view();
@@ -595,4 +595,32 @@ TEST_CASE("quantized cache: shared_heads compress and shared_layers select + com
         run_twins(heads{}, paged, paged, {kind, 8}, 1);
         run_twins_layers(layers{}, paged, !paged, {kind, 8});
       }
+}
+
+TEST_CASE("quantized bad input: outputs and workspace overlapping the parameters", "[quantized][bad_input]") {
+  bad_fixture f;
+  const auto v = f.view();
+  const auto before = f.snapshot();
+  // compress's new lengths written over the K parameters.
+  try {
+    std::vector<std::uint64_t> work(4096);
+    sh::host::compress(f.policy, v, f.state->state, 11, {reinterpret_cast<std::byte*>(work.data()), work.size() * 8},
+                       {{reinterpret_cast<std::int32_t*>(f.params[0].data()), 2}, {}});
+    FAIL("compress wrote its outputs over cache.k_params");
+  } catch (const sh::invalid_argument& e) {
+    CHECK(e.argument() == "out.new_lengths");
+    CHECK(std::string(e.what()).find("cache.k_params") != std::string::npos);
+  }
+  // compress's workspace over the V parameters.
+  try {
+    const std::size_t need = sh::host::compress_workspace_bytes(v, f.state->shape);
+    REQUIRE(need <= f.params[1].size() * sizeof(float));
+    sh::host::compress(f.policy, v, f.state->state, 11, {reinterpret_cast<std::byte*>(f.params[1].data()), need},
+                       {{f.new_lengths.data(), f.new_lengths.size()}, {}});
+    FAIL("compress used cache.v_params as its workspace");
+  } catch (const sh::invalid_argument& e) {
+    CHECK(e.argument() == "workspace");
+    CHECK(std::string(e.what()).find("cache.v_params") != std::string::npos);
+  }
+  CHECK(f.snapshot() == before);
 }

@@ -96,10 +96,23 @@ inline bool overlaps(const byte_range& a, const byte_range& b) {
   return pa < pb + b.bytes && pb < pa + a.bytes;
 }
 
+// The parameter buffers of a quantized cache (empty ranges otherwise):
+// moved with the codes, so the overlap checks treat them as K and V.
+template <class View>
+void params_ranges(const View& cache, byte_range (&r)[2]) {
+  if constexpr (requires { cache.k_params; }) {
+    r[0] = range_of(cache.k_params, "cache.k_params");
+    r[1] = range_of(cache.v_params, "cache.v_params");
+  } else {
+    r[0] = r[1] = byte_range{nullptr, 0, ""};
+  }
+}
+
 // compress's outputs: new_lengths one entry per sequence; freed_pages one
 // per sequence for a paged cache, empty or one per sequence for a contiguous
 // one. Neither may overlap anything the call reads or moves (lengths, page
-// table, state rows, the state, K, V, the workspace) nor each other: writing
+// table, state rows, the state, K, V and a quantized cache's parameters,
+// the workspace) nor each other: writing
 // an output would otherwise change an input under the call.
 template <class View, memory_space Space>
 void validate_output(const char* fn, const View& cache, const eviction_state<Space>& state,
@@ -121,6 +134,8 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
             out.freed_pages.size(), out.freed_pages.data() == nullptr ? " at a null pointer" : "");
   const byte_range state_bytes_range{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total,
                                      "the state"};
+  byte_range params[2];
+  params_ranges(cache, params);
   const byte_range inputs[] = {
       [&] {
         if constexpr (paged) return range_of(cache.last_page_len, "cache.last_page_len");
@@ -144,6 +159,8 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
         if constexpr (paged) return range_of(cache.v_pages, "cache.v_pages");
         else return range_of(cache.v, "cache.v");
       }(),
+      params[0],
+      params[1],
       workspace,
   };
   const byte_range outputs[] = {range_of(out.new_lengths, new_lengths_name),
@@ -155,8 +172,9 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
   require(!overlaps(outputs[0], outputs[1]), fn, freed_pages_name, "must not overlap ", new_lengths_name);
 }
 
-// A workspace is written while the call reads the cache, the table, the
-// state rows and the state: it must share no byte with any of them (page
+// A workspace is written while the call reads the cache (a quantized
+// cache's parameters too), the table, the state rows and the state: it must
+// share no byte with any of them (page
 // marks written over `indices` would change the table mid-call).
 // What a call reads of the cache besides K and V: the lengths (contiguous)
 // or last_page_len, indptr and indices (paged).
@@ -191,11 +209,12 @@ byte_range model_range(const model_state<Space>& model) {
 template <class View, memory_space Space>
 void validate_workspace_apart(const char* fn, const View& cache, const span<const std::int32_t, Space>& state_rows,
                               byte_range state, byte_range workspace) {
-  byte_range table[3], kv[2];
+  byte_range table[3], kv[2], params[2];
   table_ranges(cache, table);
   kv_ranges(cache, kv);
-  const byte_range read[] = {table[0], table[1], table[2], kv[0], kv[1], range_of(state_rows, "state.state_rows"),
-                             state};
+  params_ranges(cache, params);
+  const byte_range read[] = {table[0], table[1], table[2], kv[0], kv[1], params[0], params[1],
+                             range_of(state_rows, "state.state_rows"), state};
   for (const byte_range& r : read)
     require(!overlaps(workspace, r), fn, workspace.name, "must not overlap ", r.name,
             " (the call writes its workspace while reading it)");

@@ -385,9 +385,10 @@ auto plan_compact(const char* fn, const Policy& policy, View cache, eviction_sta
           workspace.size(), " bytes, below compact_workspace_bytes(cache) = ", need);
   validate_workspace_apart(fn, cache, state, {workspace.data(), need, "workspace"});
   {
-    byte_range kv[2];
+    byte_range kv[2], params[2];
     kv_ranges(cache, kv);
-    const byte_range written[] = {kv[0], kv[1],
+    params_ranges(cache, params);
+    const byte_range written[] = {kv[0], kv[1], params[0], params[1],
                                   {state.step, offsets_of(state.shape).total, "the state"},
                                   {workspace.data(), workspace.size(), "workspace"}};
     const std::size_t entries = static_cast<std::size_t>(cache.batch) * static_cast<std::size_t>(selection.stride);
