@@ -23,6 +23,13 @@
 //     or sh::cuda::forget(policy, cache, model.layer(l), selection, stream);                         // each l
 //   sh::cuda::reset_state(model, stream); sh::cuda::reset_sequence(model, row, start, stream);
 //
+// Quantized caches (quantized_kv_view.hpp: device_quantized_kv_view,
+// device_quantized_paged_kv_view, int8 / int4 codes with per-group fp32
+// parameters) go through the same calls: observe_queries and the static
+// scorers dequantize K on the fly, compress / compact move each token's
+// code rows and parameter rows together, and a non-finite K parameter of
+// a row observe reads skips its sequence (status_k_params).
+//
 // Same views (kv_view / paged_kv_view over device spans, uniform or ragged
 // attention views), policies and state layout (make_state over a device
 // buffer) as the host backend, and the same results: observe_probabilities,

@@ -43,9 +43,15 @@
 //                 cache, a state_rows mapping with a padding slot) captured
 //                 in a CUDA graph, replayed step after step, against the
 //                 host.
+//   quantized, quantized_checks
+//                 int8 / int4 caches (quantized_kv_view.hpp): observe from
+//                 queries and compress against the host, kept code and
+//                 parameter rows bit for bit; the non-finite K parameter
+//                 check (status_k_params). See quantized.cuh.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
-//                               [--only differential,errors,shrink,graph] [--quick] [--long N]
+//                               [--only differential,errors,shrink,graph,quantized,quantized_checks]
+//                               [--quick] [--long N]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps; --long N makes the first N configurations long heads (> 4096
 // slots: selection beyond the shared-memory tile), --quick or not. Exit
@@ -151,6 +157,7 @@ int run_differential(int configs, std::uint64_t seed, bool quick, int long_first
 
 using namespace differential;
 #include "device_checks.cuh"  // run_error_tests, run_shrink_tests, run_graph_test
+#include "quantized.cuh"      // quantized_tests::run_differential, run_checks
 
 int main(int argc, char** argv) {
   int configs = 1200, graph_steps = 96, long_first = 0;
@@ -174,8 +181,8 @@ int main(int argc, char** argv) {
     else if (a == "--long") long_first = std::stoi(next());
     else {
       std::fprintf(stderr,
-                   "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph] "
-                   "[--quick] [--long N]\n",
+                   "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
+                   "quantized,quantized_checks] [--quick] [--long N]\n",
                    argv[0]);
       return 2;
     }
@@ -201,6 +208,8 @@ int main(int argc, char** argv) {
   if (want("errors")) failures += run_error_tests();
   if (want("shrink")) failures += run_shrink_tests(seed, quick);
   if (want("graph")) failures += run_graph_test(graph_steps);
+  if (want("quantized")) failures += quantized_tests::run_differential();
+  if (want("quantized_checks")) failures += quantized_tests::run_checks();
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

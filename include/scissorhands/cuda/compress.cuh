@@ -95,7 +95,8 @@ std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
 // length - budget + m lowest-scoring unprotected tokens of each KV head
 // (shared_heads: the same slots from every head, by the score combined
 // over the heads), and compacts K, V and the state (fill_holes or
-// preserve_order), exactly as host::compress. The cache's lengths and page
+// preserve_order), exactly as host::compress; a quantized cache's code
+// rows and parameter rows move together. The cache's lengths and page
 // table are not written: out.new_lengths[b] gets every sequence's
 // length_after_compress (also for sequences skipped for a device-found
 // error: see status.cuh; a paged sequence whose page-table entry is
@@ -112,7 +113,6 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                      eviction_state<memory_space::device> state, std::int32_t budget,
                      compress_output<memory_space::device> out, cudaStream_t stream = 0) {
   const char* fn = "cuda::compress";
-  using T = typename View::element_type;
   static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
                 "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
                 "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
@@ -150,11 +150,8 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
   else
     detail::select_kernel<Protector, highest><<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state,
                                                                                            budget, ws);
-  const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
-  const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));
-  const int vec = detail::row_alignment(rows, row_bytes, true);
   detail::compact_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
-      policy.config, seqs, rows, row_bytes, vec, state, budget, ws, out.new_lengths.data(),
+      policy.config, seqs, detail::make_row_planes(cache), state, budget, ws, out.new_lengths.data(),
       out.freed_pages.empty() ? nullptr : out.freed_pages.data());
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }

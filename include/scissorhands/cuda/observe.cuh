@@ -25,12 +25,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../attention_view.hpp"
 #include "../eviction_state.hpp"
 #include "../kv_view.hpp"
 #include "../paged_kv_view.hpp"
 #include "../policy/eviction_policy.hpp"
+#include "../quantized_kv_view.hpp"
 #include "detail/tables.cuh"
 #include "detail/validate.cuh"
 #include "element.cuh"
@@ -56,11 +58,11 @@ template <observe_mode Mode>
 void launch_check(const sequence_table& seqs, const eviction_state<memory_space::device>& state,
                   const query_rows& counts, const probability_view<memory_space::device>& probs,
                   const query_rows& lse_rows, const lse_view<memory_space::device>& lse, std::int32_t head_dim,
-                  cudaStream_t stream) {
+                  const key_params_check& key_params, cudaStream_t stream) {
   const unsigned heads = Mode == observe_mode::admit ? 1u : static_cast<unsigned>(counts.q_heads);
   const dim3 grid(heads, static_cast<unsigned>(seqs.batch));
   observe_check_kernel<Mode><<<grid, slot_traits::threads, 0, stream>>>(seqs, state, counts, probs, lse_rows, lse,
-                                                                        head_dim);
+                                                                        head_dim, key_params);
 }
 
 template <bool Attention>
@@ -70,26 +72,32 @@ void launch_finalize(const sequence_table& seqs, const eviction_state<memory_spa
   finalize_kernel<Attention><<<(seqs.batch + threads - 1) / threads, threads, 0, stream>>>(seqs, state, counts);
 }
 
+// Admission; a static scorer reads the new K rows (a quantized cache's K
+// parameters of those rows are checked first, as the host does).
 template <class Policy, class View>
-cudaError_t dispatch_admit(const Policy& policy, const View& cache, const eviction_state<memory_space::device>& state,
-                           cudaStream_t stream) {
-  using T = typename View::element_type;
+cudaError_t dispatch_admit(const char* fn, const Policy& policy, const View& cache,
+                           const eviction_state<memory_space::device>& state, cudaStream_t stream) {
+  using Obs = typename Policy::observation;
+  validate_static_key<Obs>(fn, cache);
   const sequence_table seqs = make_sequence_table(cache);
-  launch_check<observe_mode::admit>(seqs, state, {}, {}, {}, {}, 0, stream);
-  admit_kernel<typename Policy::observation, T>
+  const auto rows = make_key_rows(cache);
+  const key_params_check key_params = Obs::needs_attention ? key_params_check{} : make_key_params_check(cache, false);
+  launch_check<observe_mode::admit>(seqs, state, {}, {}, {}, {}, 0, key_params, stream);
+  admit_kernel<Obs, std::remove_const_t<decltype(rows)>>
       <<<slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
-          policy.config, seqs, make_row_table<T>(cache), cache.head_dim, state);
+          policy.config, seqs, rows, cache.head_dim, state);
   launch_finalize<false>(seqs, state, {}, stream);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
-template <class Policy, class T, class Q, int HeadDim>
-void launch_queries(const Policy& policy, const sequence_table& seqs, const row_table<T>& rows,
-                    std::int32_t head_dim, const eviction_state<memory_space::device>& state,
+template <class Policy, class Rows, class Q, int HeadDim>
+void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows& rows, std::int32_t head_dim,
+                    const eviction_state<memory_space::device>& state,
                     const query_view<Q, memory_space::device>& queries, const lse_view<memory_space::device>& lse,
                     float scale, dim3 grid, std::int32_t chunk, std::size_t smem, cudaStream_t stream) {
-  observe_queries_kernel<Policy, T, Q, HeadDim><<<grid, qk_traits<T, HeadDim>::threads, smem, stream>>>(
-      policy, seqs, rows, head_dim, state, queries, lse, scale, chunk);
+  observe_queries_kernel<Policy, Rows, Q, HeadDim>
+      <<<grid, qk_traits<typename key_traits<Rows>::element, HeadDim>::threads, smem, stream>>>(
+          policy, seqs, rows, head_dim, state, queries, lse, scale, chunk);
 }
 
 }  // namespace detail
@@ -102,7 +110,7 @@ template <class Policy, class View>
 cudaError_t admit(const Policy& policy, View cache, eviction_state<memory_space::device> state,
                   cudaStream_t stream = 0) {
   detail::validate_common("cuda::admit", policy, cache, state);
-  return detail::dispatch_admit(policy, cache, state, stream);
+  return detail::dispatch_admit("cuda::admit", policy, cache, state, stream);
 }
 
 // Admits new tokens, then records this step's attention probabilities
@@ -115,12 +123,12 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
   const char* fn = "cuda::observe_probabilities";
   detail::validate_common(fn, policy, cache, state);
   if constexpr (!Policy::observation::needs_attention) {
-    return detail::dispatch_admit(policy, cache, state, stream);
+    return detail::dispatch_admit(fn, policy, cache, state, stream);
   } else {
     detail::validate_probabilities(fn, cache, probs);
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
     const detail::query_rows counts = detail::make_query_rows(probs, probs.q_heads, probs.data.size());
-    detail::launch_check<detail::observe_mode::probabilities>(seqs, state, counts, probs, {}, {}, 0, stream);
+    detail::launch_check<detail::observe_mode::probabilities>(seqs, state, counts, probs, {}, {}, 0, {}, stream);
     detail::observe_probabilities_kernel<Policy>
         <<<detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0,
            stream>>>(policy, seqs, state, probs);
@@ -137,19 +145,22 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
 // `queries` needs a ragged `lse` over the same qo_indptr array. Prefill:
 // pass the last w queries of each sequence, causal. Scores match
 // host::observe_queries within float rounding (the dot products are summed
-// in another order).
+// in another order). A quantized cache (device_quantized_kv_view,
+// device_quantized_paged_kv_view) has K dequantized on the fly; a row's
+// non-finite K parameter skips its sequence (status_k_params).
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<memory_space::device> state,
                             query_view<Q, memory_space::device> queries, lse_view<memory_space::device> lse = {},
                             float softmax_scale = 0.0f, cudaStream_t stream = 0) {
   using T = typename View::element_type;
-  static_assert(float_convertible<T>, "specialise scissorhands::element_traits for the cache's element type");
+  static_assert(is_quantized_view_v<View> || float_convertible<T>,
+                "specialise scissorhands::element_traits for the cache's element type");
   static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
   const char* fn = "cuda::observe_queries";
   detail::validate_common(fn, policy, cache, state);
   if constexpr (!Policy::observation::needs_attention) {
-    return detail::dispatch_admit(policy, cache, state, stream);
+    return detail::dispatch_admit(fn, policy, cache, state, stream);
   } else {
     detail::validate_queries(fn, cache, queries, lse, softmax_scale);
     const std::int32_t group = queries.q_heads / cache.kv_heads;
@@ -159,11 +170,12 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
                                   "memory), got ", std::int64_t{group} * cache.head_dim);
     const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
-    const detail::row_table<T> rows = detail::make_row_table<T>(cache);
+    const auto rows = detail::make_key_rows(cache);
+    using Rows = std::remove_const_t<decltype(rows)>;
     const detail::query_rows counts = detail::make_query_rows(queries, queries.q_heads, queries.data.size());
     const detail::query_rows lse_rows = detail::make_query_rows(lse, counts);
     detail::launch_check<detail::observe_mode::queries>(seqs, state, counts, {}, lse_rows, lse, cache.head_dim,
-                                                        stream);
+                                                        detail::make_key_params_check(cache, true), stream);
     // With the log-sum-exp, slots are split in chunks sized for about a
     // thousand blocks; without, a block per head computes the normaliser.
     // Sized by the longest a sequence can be (the host cannot read lengths).
@@ -178,22 +190,27 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     }
     const dim3 grid(chunks, static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
-    const bool vectorised = detail::row_alignment(rows, cache.head_dim, false) >= 16;
+    const bool vectorised = detail::key_rows_vectorised(rows, cache.head_dim);
+    // A quantized cache takes the generic paths only: two kernels per
+    // policy for both formats instead of a fast path per format and size.
     if (!vectorised)
-      detail::launch_queries<Policy, T, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                               chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                  grid, chunk, smem, stream);
+    else if constexpr (is_quantized_view_v<View>)
+      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
+                                                 chunk, smem, stream);
     else if (cache.head_dim == 64)
-      detail::launch_queries<Policy, T, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                               chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                  grid, chunk, smem, stream);
     else if (cache.head_dim == 128)
-      detail::launch_queries<Policy, T, Q, 128>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                                chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 128>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                   grid, chunk, smem, stream);
     else if (cache.head_dim == 256)
-      detail::launch_queries<Policy, T, Q, 256>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                                chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 256>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                   grid, chunk, smem, stream);
     else
-      detail::launch_queries<Policy, T, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                              chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                 grid, chunk, smem, stream);
     detail::launch_finalize<true>(seqs, state, counts, stream);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }

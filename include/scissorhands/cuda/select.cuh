@@ -276,7 +276,8 @@ std::size_t compact_workspace_bytes(const View& cache) {
 }
 
 // Applies a selection to one layer, exactly as host::compact: evicts its
-// slots from every head and closes the holes in K, V and the layer's state
+// slots from every head and closes the holes in K, V (a quantized cache:
+// codes and parameter rows together) and the layer's state
 // (settings.compaction_mode, as compress). Call it for every layer with
 // the same selection, then apply selection.out once (shrink_page_table).
 // Lengths and the page table are read, not written. A page that would be
@@ -292,7 +293,6 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
                     cudaStream_t stream = 0) {
   const char* fn = "cuda::compact";
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
-  using T = typename View::element_type;
   constexpr bool paged = requires { cache.page_size; };
   if (d_workspace == nullptr) {
     detail::validate_cache(fn, cache);
@@ -308,9 +308,10 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
                   "must be aligned to ", alignof(std::int32_t), " bytes");
   const detail::byte_range ws_range{d_workspace, paged ? need : 0, "d_workspace"};
   {
-    detail::byte_range kv[2];
+    detail::byte_range kv[2], params[2];
     detail::kv_ranges(cache, kv);
-    const detail::byte_range written[] = {kv[0], kv[1], detail::state_range(state), ws_range};
+    detail::params_ranges(cache, params);
+    const detail::byte_range written[] = {kv[0], kv[1], params[0], params[1], detail::state_range(state), ws_range};
     detail::validate_selection_apart(fn, cache.batch, selection, written);
     detail::validate_workspace_apart(fn, cache, state, ws_range);
   }
@@ -325,13 +326,10 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
   detail::selection_check_kernel<typename Policy::protector>
       <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
                                                                                   page_counts);
-  const detail::row_table<std::byte> rows = detail::make_row_table<std::byte>(cache);
-  const std::int32_t row_bytes = cache.head_dim * static_cast<std::int32_t>(sizeof(T));
-  const int vec = detail::row_alignment(rows, row_bytes, true);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
   detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
-      policy.config.compaction_mode == compaction::preserve_order, true, seqs, rows, row_bytes, vec, state, sel,
-      page_counts);
+      policy.config.compaction_mode == compaction::preserve_order, true, seqs, detail::make_row_planes(cache), state,
+      sel, page_counts);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
@@ -358,7 +356,7 @@ cudaError_t forget(const Policy& policy, View cache, eviction_state<memory_space
                                                                                   nullptr);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
   detail::apply_selection_kernel<><<<grid, compact_traits::threads, 0, stream>>>(
-      true, false, seqs, detail::row_table<std::byte>{}, 0, 1, state, sel, nullptr);
+      true, false, seqs, detail::row_planes{}, state, sel, nullptr);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 

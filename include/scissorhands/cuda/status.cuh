@@ -6,8 +6,9 @@
 // settings, strides, sizes, budget against the protected tokens, outputs)
 // and throws scissorhands::invalid_argument exactly like the host backend.
 // What depends on device data (lengths, page tables, state rows and
-// counters, qo_indptr, probability and log-sum-exp values) is checked on the
-// device, before anything is written:
+// counters, qo_indptr, probability and log-sum-exp values, a quantized
+// cache's K parameters) is checked on the device, before anything is
+// written:
 //
 //   * The state holds one status word per row, `state.status[rows]` (laid
 //     out by make_state, zeroed by cuda::reset_state). The word follows its
@@ -82,6 +83,8 @@ enum status_flag : std::uint32_t {
                                        //   outside [0, length) or not strictly ascending
   status_selection_protected = 1u << 19,  // compact / forget: a selected slot holds a protected token
   status_shared_page = 1u << 20,       // compress / compact: a page it would rewrite is listed more than once
+  status_k_params = 1u << 21,          // quantized cache: a K parameter (scale or zero point) of a row observe reads
+                                       //   is not finite (queries: every held row; static scorers: the new rows)
 };
 
 // A readable list of the flags set in a status word ("ok" when none).
@@ -114,6 +117,7 @@ inline std::string describe_status(std::uint32_t word) {
        "compact / forget: a selection count outside [0, min(length, stride)], or slots out of range or not ascending"},
       {status_selection_protected, "compact / forget: a selected slot holds a protected token"},
       {status_shared_page, "compress / compact: a page it would rewrite is listed more than once in the page table"},
+      {status_k_params, "cache.k_params: a K scale or zero point of a row observe reads is not finite"},
   };
   std::string out;
   std::uint32_t known = 0;

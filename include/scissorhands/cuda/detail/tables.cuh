@@ -8,6 +8,11 @@
 //                   every dtype.
 //   row_table<T>    where the K and V rows are; row_table<std::byte> holds
 //                   byte strides, so compaction compiles once for all dtypes.
+//   quantized_rows  a quantized cache's K and V: a row_table of codes and
+//                   one of parameters (quantized_kv_view.hpp).
+//   row_planes      the rows compaction moves with each token, as bytes: K
+//                   and V, plus for a quantized cache their parameter rows,
+//                   a run-time count, so no kernel is built per format.
 //
 // A run-time `paged` flag costs one uniform branch per row address and
 // halves the kernels nvcc must build.
@@ -17,6 +22,7 @@
 
 #include "../../kv_view.hpp"
 #include "../../paged_kv_view.hpp"
+#include "../../quantized_kv_view.hpp"
 #include "../status.cuh"
 
 namespace scissorhands::cuda::detail {
@@ -175,6 +181,119 @@ int row_alignment(const row_table<T>& r, std::int32_t row_elements, bool include
     for (auto s : r.v_stride) acc |= static_cast<std::uint64_t>(s) * sizeof(T);
   }
   return static_cast<int>(acc & (~acc + 1));  // lowest set bit
+}
+
+// A quantized cache's parameter rows (K: k_params, V: v_params) in units of
+// U: float (kernels that read them) or std::byte (compaction). They share
+// the codes' sequence table and have layouts of their own.
+template <class U, class Codes>
+row_table<U> make_params_table(const quantized_kv_view<Codes>& view) {
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, std::byte>);
+  constexpr std::int64_t scale = std::is_same_v<U, float> ? 1 : static_cast<std::int64_t>(sizeof(float));
+  row_table<U> r;
+  r.k = reinterpret_cast<U*>(view.k_params.data());
+  r.v = reinterpret_cast<U*>(view.v_params.data());
+  const auto kl = view.k_params_layout, vl = view.v_params_layout;
+  if constexpr (quantized_kv_view<Codes>::paged) {
+    r.k_stride[0] = kl.page_stride * scale;
+    r.v_stride[0] = vl.page_stride * scale;
+    r.indptr = view.indptr.data();
+    r.indices = view.indices.data();
+    r.page_size = view.page_size;
+    r.paged = true;
+  } else {
+    r.k_stride[0] = kl.sequence_stride * scale;
+    r.v_stride[0] = vl.sequence_stride * scale;
+  }
+  r.k_stride[1] = kl.head_stride * scale;
+  r.k_stride[2] = kl.token_stride * scale;
+  r.v_stride[1] = vl.head_stride * scale;
+  r.v_stride[2] = vl.token_stride * scale;
+  return r;
+}
+
+// A quantized cache's rows as the observe kernels read K: the codes (byte
+// strides) and the parameters (float strides) of each (sequence, head,
+// slot), and the format. The kind is a run-time value (one uniform branch
+// per 16 bytes of codes), so int8 and int4 share their kernels.
+struct quantized_rows {
+  row_table<std::uint8_t> codes;
+  row_table<float> params;
+  kv_quantization quantization;
+};
+// One quantized row: its codes and its parameters.
+struct quantized_row {
+  const std::uint8_t* codes = nullptr;
+  const float* params = nullptr;
+};
+
+// The rows the observe kernels read K from: a row_table<T> of elements, or
+// a quantized cache's quantized_rows.
+template <class T>
+row_table<T> make_key_rows(const kv_view<T, memory_space::device>& view) {
+  return make_row_table<T>(view);
+}
+template <class T>
+row_table<T> make_key_rows(const paged_kv_view<T, memory_space::device>& view) {
+  return make_row_table<T>(view);
+}
+template <class Codes>
+quantized_rows make_key_rows(const quantized_kv_view<Codes>& view) {
+  quantized_rows q;
+  q.codes = make_row_table<std::uint8_t>(view.codes());
+  q.params = make_params_table<float>(view);
+  q.quantization = view.quantization;
+  return q;
+}
+
+// Bytes of one K (or V) row in memory: head_dim elements, or a quantized
+// row's packed codes.
+template <class View>
+std::int32_t data_row_bytes(const View& cache) {
+  if constexpr (is_quantized_view_v<View>)
+    return cache.code_row_bytes();
+  else
+    return cache.head_dim * static_cast<std::int32_t>(sizeof(typename View::element_type));
+}
+
+// Whether the K rows the observe kernels read take 16-byte loads.
+template <class T>
+bool key_rows_vectorised(const row_table<T>& rows, std::int32_t head_dim) {
+  return row_alignment(rows, head_dim, false) >= 16;
+}
+inline bool key_rows_vectorised(const quantized_rows& rows, std::int32_t head_dim) {
+  return row_alignment(rows.codes, rows.quantization.code_row_bytes(head_dim), false) >= 16;
+}
+
+// The rows compaction moves with a token, by plane (K and V each): the
+// cache's rows, then (quantized) its parameter rows, each with its row
+// size and the widest unit row_move may use. Moved with the same source
+// and destination slots as the state.
+struct row_planes {
+  static constexpr int max_planes = 2;
+  row_table<std::byte> rows[max_planes];
+  std::int32_t row_bytes[max_planes] = {0, 0};
+  std::int32_t vec[max_planes] = {1, 1};
+  std::int32_t count = 0;
+
+  void add(const row_table<std::byte>& r, std::int32_t bytes) {
+    rows[count] = r;
+    row_bytes[count] = bytes;
+    vec[count] = row_alignment(r, bytes, true);
+    ++count;
+  }
+};
+
+template <class View>
+row_planes make_row_planes(const View& cache) {
+  row_planes p;
+  if constexpr (is_quantized_view_v<View>) {
+    p.add(make_row_table<std::byte>(cache.codes()), cache.code_row_bytes());
+    p.add(make_params_table<std::byte>(cache), cache.params_per_row() * static_cast<std::int32_t>(sizeof(float)));
+  } else {
+    p.add(make_row_table<std::byte>(cache), data_row_bytes(cache));
+  }
+  return p;
 }
 
 }  // namespace scissorhands::cuda::detail

@@ -15,6 +15,8 @@
 #include "../../host/observe.hpp"  // max_group_size, reach
 #include "../../kv_view.hpp"
 #include "../../paged_kv_view.hpp"
+#include "../../policy/observation.hpp"
+#include "../../quantized_kv_view.hpp"
 
 namespace scissorhands::cuda::detail {
 using namespace scissorhands::detail;
@@ -31,6 +33,31 @@ void validate_cache(const char* fn, const paged_kv_view<T, memory_space::device>
   validate_shape(fn, cache);
   require(cache.indices.data() != nullptr || cache.indices.empty(), fn, "cache.indices",
           "must not be null when it holds entries");
+}
+
+// A quantized cache: the codes' and the parameters' shapes (the shared
+// quantized validate_shape), and the page table's indices as above.
+template <class Codes>
+void validate_cache(const char* fn, const quantized_kv_view<Codes>& cache) {
+  static_assert(Codes::space == memory_space::device, "the CUDA backend needs a device view");
+  validate_shape(fn, cache);
+  if constexpr (quantized_kv_view<Codes>::paged)
+    require(cache.indices.data() != nullptr || cache.indices.empty(), fn, "cache.indices",
+            "must not be null when it holds entries");
+}
+
+// A static scorer on a quantized cache: key_norm streams the dequantized
+// row and recency / random_score never read it; any other static policy
+// gets the row dequantized into a per-thread buffer of
+// max_quantized_key_floats (kernels/observe.cuh), which bounds head_dim.
+inline constexpr std::int32_t max_quantized_key_floats = 512;
+template <class Obs, class View>
+void validate_static_key(const char* fn, const View& cache) {
+  if constexpr (is_quantized_view_v<View> && !Obs::needs_attention && !std::is_same_v<Obs, key_norm> &&
+                !std::is_same_v<Obs, recency> && !std::is_same_v<Obs, random_score>)
+    require(cache.head_dim <= max_quantized_key_floats, fn, "cache.head_dim", "must be at most ",
+            max_quantized_key_floats, " for a quantized cache scored by ", Obs::name,
+            " on the CUDA backend (a K row is dequantized per thread), got ", cache.head_dim);
 }
 
 // Slots a sequence can hold at a call: the cache's capacity, and at most the

@@ -220,15 +220,54 @@ __device__ inline bool pages_listed_twice(const sequence_table& seqs, std::int32
 
 enum class observe_mode { admit, probabilities, queries };
 
+// A quantized cache's K parameters an observe call reads, which must be
+// finite (host: validate_key_params, "cache.k_params"): every held row of
+// a sequence with queries (observe from queries), or the new rows
+// [tracked, length) (static scorers). `per_row` == 0: nothing to check (a
+// cache that is not quantized, or a call that reads no K).
+struct key_params_check {
+  row_table<float> params;
+  std::int32_t per_row = 0;
+  bool every_row = false;
+};
+
+template <class View>
+key_params_check make_key_params_check(const View& cache, bool every_row) {
+  key_params_check k;
+  if constexpr (is_quantized_view_v<View>) {
+    k.params = make_params_table<float>(cache);
+    k.per_row = cache.params_per_row();
+    k.every_row = every_row;
+  }
+  return k;
+}
+
+// Whether any K parameter of the rows `check` names of sequence b is not
+// finite: heads blockIdx.x, blockIdx.x + gridDim.x, ... (the block's share),
+// slots [first, len). All threads of the block; the result is the thread's.
+__device__ inline bool k_params_not_finite(const key_params_check& check, std::int32_t kv_heads, std::int32_t b,
+                                           std::int32_t first, std::int32_t len) {
+  bool bad = false;
+  for (std::int32_t h = static_cast<std::int32_t>(blockIdx.x); h < kv_heads; h += static_cast<std::int32_t>(gridDim.x))
+    for (std::int32_t t = first + static_cast<std::int32_t>(threadIdx.x); t < len;
+         t += static_cast<std::int32_t>(blockDim.x)) {
+      const float* p = check.params.k_row(b, h, t);
+      for (std::int32_t i = 0; i < check.per_row; ++i) bad |= !isfinite(p[i]);
+    }
+  return bad;
+}
+
 // Grid (q_heads, batch) for the attention modes, (1, batch) for admit.
 // Block (qh, b) checks sequence b (reported by qh == 0) and the
 // probabilities, or the log-sum-exp values and the ragged extents, of query
-// head qh. `counts` are the queries' (probabilities: the probability view's).
+// head qh, and a quantized cache's K parameters of its share of the KV
+// heads (`key_params`). `counts` are the queries' (probabilities: the
+// probability view's).
 template <observe_mode Mode>
 __global__ void __launch_bounds__(slot_traits::threads)
     observe_check_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts,
                          probability_view<memory_space::device> probs, query_rows lse_rows,
-                         lse_view<memory_space::device> lse, std::int32_t head_dim) {
+                         lse_view<memory_space::device> lse, std::int32_t head_dim, key_params_check key_params) {
   const auto b = static_cast<std::int32_t>(blockIdx.y);
   const auto qh = static_cast<std::int32_t>(blockIdx.x);
   sequence_check c = check_sequence(seqs, state, b, qh == 0);
@@ -263,6 +302,12 @@ __global__ void __launch_bounds__(slot_traits::threads)
       }
     }
   }
+  // The K rows observe will read: every held row of a sequence with
+  // queries, or (static scorers) the new ones.
+  if (key_params.per_row > 0 && c.own == 0 && c.batch == 0 && c.row_ok && len > 0 &&
+      (key_params.every_row ? q > 0 : c.tracked < len) &&
+      k_params_not_finite(key_params, state.shape.kv_heads, b, key_params.every_row ? 0 : c.tracked, len))
+    values |= status_k_params;
   values = block::block_or(values);
   report(state, seqs.batch, c, (qh == 0 ? c.own : 0u) | values, qh == 0 ? c.batch : 0u);
 }

@@ -13,7 +13,8 @@
 //                   select_shared_kernel (select.cuh) instead: one block per
 //                   sequence, one list for every head.
 //   compact_kernel  one block per (sequence, KV head): writes every
-//                   sequence's compress_output, then moves K, V and state
+//                   sequence's compress_output, then moves K, V (a
+//                   quantized cache: their codes and parameters) and state
 //                   of the sequences whose row is live (status word still
 //                   zero: a sequence with bad data changes nothing) and
 //                   whose pages are listed once, and sets their tracked
@@ -232,13 +233,13 @@ struct v_rows {
 // [0, len)) leave in head h of sequence b, state row r: fill_holes moves the
 // survivors above len - e into the holes below it, both ascending (the
 // host's pairing); `stable` (preserve_order, and forget) shifts every
-// survivor down in slot order. Moves the K and V rows when `move_kv`
-// (compress, compact) and always the token state. All threads of the block;
-// tracked is the caller's.
-__device__ inline void compact_rows(bool stable, const row_table<std::byte>& rows, std::int32_t row_bytes,
-                                    std::int32_t vec, bool move_kv, const eviction_state<memory_space::device>& state,
-                                    std::int32_t b, std::int32_t h, std::int32_t r, std::int32_t len, std::int32_t e,
-                                    const std::int32_t* evicted) {
+// survivor down in slot order. Moves the K and V rows of every plane (a
+// quantized cache: codes, then parameters) when `move_kv` (compress,
+// compact) and always the token state, all with the same slots. All
+// threads of the block; tracked is the caller's.
+__device__ inline void compact_rows(bool stable, const row_planes& planes, bool move_kv,
+                                    const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t h,
+                                    std::int32_t r, std::int32_t len, std::int32_t e, const std::int32_t* evicted) {
   using traits = compact_traits;
   __shared__ uint4 stage[traits::stage_bytes / sizeof(uint4)];
   __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::pair_batch];
@@ -247,8 +248,6 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
   const std::int32_t words = state.shape.ring_words;
   // A token's history is `words` words capacity x 4 bytes apart (word-major).
   const std::int64_t ring_unit_stride = std::int64_t{state.shape.capacity} * 4;
-  const k_rows k_at{rows, b, h};
-  const v_rows v_at{rows, b, h};
   const strided_rows pos_at{reinterpret_cast<std::byte*>(state.positions + base), 4};
   const strided_rows score_at{reinterpret_cast<std::byte*>(state.scores + base), 4};
   const strided_rows observed_at{reinterpret_cast<std::byte*>(state.observed + base), 4};
@@ -280,10 +279,14 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
         src_slot[p] = kept + i + l;
       }
       __syncthreads();
-      if (move_kv) {
-        block::move_rows<traits::threads>(k_at, row_bytes, vec, vec, src_slot, dst_slot, pairs);
-        block::move_rows<traits::threads>(v_at, row_bytes, vec, vec, src_slot, dst_slot, pairs);
-      }
+      if (move_kv)
+        for (int p = 0; p < planes.count; ++p) {
+          const std::int32_t vec = planes.vec[p];
+          block::move_rows<traits::threads>(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, src_slot,
+                                            dst_slot, pairs);
+          block::move_rows<traits::threads>(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, src_slot,
+                                            dst_slot, pairs);
+        }
       block::move_rows<traits::threads>(pos_at, 4, 4, 4, src_slot, dst_slot, pairs);
       block::move_rows<traits::threads>(score_at, 4, 4, 4, src_slot, dst_slot, pairs);
       block::move_rows<traits::threads>(observed_at, 4, 4, 4, src_slot, dst_slot, pairs);
@@ -294,12 +297,14 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
     }
   } else {
     auto* staging = reinterpret_cast<std::byte*>(stage);
-    if (move_kv) {
-      block::shift_rows<traits::threads>(k_at, row_bytes, vec, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                         traits::pair_batch);
-      block::shift_rows<traits::threads>(v_at, row_bytes, vec, vec, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                         traits::pair_batch);
-    }
+    if (move_kv)
+      for (int p = 0; p < planes.count; ++p) {
+        const std::int32_t vec = planes.vec[p];
+        block::shift_rows<traits::threads>(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, evicted, e,
+                                           len, staging, traits::stage_bytes, dst_slot, traits::pair_batch);
+        block::shift_rows<traits::threads>(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, evicted, e,
+                                           len, staging, traits::stage_bytes, dst_slot, traits::pair_batch);
+      }
     block::shift_rows<traits::threads>(pos_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
                                        traits::pair_batch);
     block::shift_rows<traits::threads>(score_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
@@ -314,9 +319,8 @@ __device__ inline void compact_rows(bool stable, const row_table<std::byte>& row
 
 template <int = 0>  // a template so every translation unit may define it
 __global__ void __launch_bounds__(compact_traits::threads)
-    compact_kernel(settings cfg, sequence_table seqs, row_table<std::byte> rows, std::int32_t row_bytes,
-                   std::int32_t vec, eviction_state<memory_space::device> state, std::int32_t budget,
-                   compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
+    compact_kernel(settings cfg, sequence_table seqs, row_planes planes, eviction_state<memory_space::device> state,
+                   std::int32_t budget, compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t len = ws.lengths[b];
   if (h == 0 && threadIdx.x == 0) {
@@ -343,8 +347,7 @@ __global__ void __launch_bounds__(compact_traits::threads)
     return;
   }
   const std::int32_t e = len - budget + cfg.evict_count;
-  compact_rows(cfg.compaction_mode == compaction::preserve_order, rows, row_bytes, vec, true, state, b, h, r, len, e,
-               ws.list(b, h));
+  compact_rows(cfg.compaction_mode == compaction::preserve_order, planes, true, state, b, h, r, len, e, ws.list(b, h));
   if (h == 0 && threadIdx.x == 0) state.tracked[r] = len - e;
 }
 

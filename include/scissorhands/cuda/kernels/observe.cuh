@@ -9,23 +9,64 @@
 // after the last block is done, so no block can see a half-updated
 // sequence whatever order blocks run in.
 #include <cstdint>
+#include <type_traits>
 
 #include "../../attention_view.hpp"
 #include "../../element.hpp"
 #include "../../eviction_state.hpp"
 #include "../../policy/eviction_policy.hpp"
+#include "../../quantized_kv_view.hpp"
 #include "../block/collectives.cuh"
 #include "../detail/tables.cuh"
+#include "../detail/validate.cuh"  // max_quantized_key_floats
 #include "../traits.cuh"
 #include "check.cuh"
 
 namespace scissorhands::cuda::detail {
 
+// A static observation's score of K row (b, h, t): of its elements, or of
+// a quantized row's dequantized values (host: static_score_of, the same
+// bits). key_norm streams the row through dequantize_element (the same
+// values as the host's dequantize_row, summed in the same order);
+// recency and random_score never read the key; any other static policy
+// gets the row dequantized into a local buffer of max_quantized_key_floats
+// (validate_static_key bounds head_dim for it).
+
+template <class Obs, class T>
+__device__ inline float static_key_score(const row_table<T>& rows, std::int32_t b, std::int32_t h, std::int32_t t,
+                                         std::int32_t head_dim, std::int32_t position, const settings& cfg) {
+  return Obs::static_score(rows.k_row(b, h, t), head_dim, position, h, cfg);
+}
+template <class Obs>
+__device__ inline float static_key_score(const quantized_rows& rows, std::int32_t b, std::int32_t h,
+                                         std::int32_t t, std::int32_t head_dim, std::int32_t position,
+                                         const settings& cfg) {
+  if constexpr (std::is_same_v<Obs, recency> || std::is_same_v<Obs, random_score>) {
+    return Obs::static_score(static_cast<const float*>(nullptr), head_dim, position, h, cfg);
+  } else {
+    const std::uint8_t* codes = rows.codes.k_row(b, h, t);
+    const float* params = rows.params.k_row(b, h, t);
+    if constexpr (std::is_same_v<Obs, key_norm>) {
+      // key_norm::static_score on the dequantized row, without the row.
+      float sum = 0.0f;
+      for (std::int32_t d = 0; d < head_dim; ++d) {
+        const float x = dequantize_element(codes, params, d, rows.quantization);
+        sum = fmaf(x, x, sum);
+      }
+      return -sqrtf(sum);
+    } else {
+      float k[max_quantized_key_floats];
+      dequantize_row(codes, params, head_dim, rows.quantization, k);
+      return Obs::static_score(static_cast<const float*>(k), head_dim, position, h, cfg);
+    }
+  }
+}
+
 // Admits slot t of head h of sequence b, state row r (host::detail::admit,
 // one slot): its position, a fresh history and, for static policies, its
-// score.
-template <class Obs, class T>
-__device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows, std::int32_t head_dim,
+// score. `rows`: a row_table<T> or quantized_rows (static scores read K).
+template <class Obs, class Rows>
+__device__ inline void admit_slot(const settings& cfg, const Rows& rows, std::int32_t head_dim,
                                   const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t r,
                                   std::int32_t h, std::int32_t t, std::int32_t first, std::int32_t next_position) {
   const std::int64_t i = state.row_index(r, h, t);
@@ -34,16 +75,16 @@ __device__ inline void admit_slot(const settings& cfg, const row_table<T>& rows,
   if constexpr (Obs::needs_attention)
     state.scores[i] = 0.0f;
   else
-    state.scores[i] = Obs::static_score(rows.k_row(b, h, t), head_dim, position, h, cfg);
+    state.scores[i] = static_key_score<Obs>(rows, b, h, t, head_dim, position, cfg);
   state.observed[i] = 0.0f;
   const history_ring ring = state.ring_of(r, h, t);
   for (std::int32_t w = 0; w < state.shape.ring_words; ++w) ring[w] = 0u;
 }
 
 // Admission only (static policies, cuda::admit). Grid (chunks, kv_heads, batch).
-template <class Obs, class T>
+template <class Obs, class Rows>
 __global__ void __launch_bounds__(slot_traits::threads)
-    admit_kernel(settings cfg, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
+    admit_kernel(settings cfg, sequence_table seqs, Rows rows, std::int32_t head_dim,
                  eviction_state<memory_space::device> state) {
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
   const std::int32_t r = live_row(state, b);

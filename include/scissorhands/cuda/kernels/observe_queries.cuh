@@ -13,6 +13,12 @@
 // that row's state: no divergent per-row loop. Generic paths: one row a
 // round, queries read from shared memory, plain butterflies.
 //
+// A quantized cache (quantized_rows) takes the generic paths: each lane
+// loads 16 bytes of packed codes (16 int8 or 32 int4 elements) and
+// dequantizes them in registers with its group's scale (and zero point), so
+// the codes are read once and never expanded in memory; the format is a
+// run-time value, so int8 and int4 share one kernel per path.
+//
 // With the log-sum-exp given, blocks split a head's slots in chunks (one
 // read of K). Without, one block per head first computes the normaliser
 // (online max / sum of exp: a second read of K), as the host does. Prefill
@@ -21,11 +27,13 @@
 // count from qo_indptr (the grid never depends on it). Rows are visited in
 // warp-uniform rounds so the shuffles never diverge.
 #include <cstdint>
+#include <type_traits>
 
 #include "../../attention_view.hpp"
 #include "../../element.hpp"
 #include "../../eviction_state.hpp"
 #include "../../host/observe.hpp"
+#include "../../quantized_kv_view.hpp"
 #include "../block/collectives.cuh"
 #include "../detail/tables.cuh"
 #include "../traits.cuh"
@@ -130,11 +138,124 @@ struct fixed_qk {
   }
 };
 
+// How the kernels read K rows, by row table: a plain cache's elements
+// (row_table<T>) or a quantized cache's codes and parameters
+// (quantized_rows). key_traits<Rows>::element sizes qk_traits' vectors;
+// key_traits<Rows>::row is what a row pointer is.
+template <class Rows>
+struct key_traits;
+template <class T>
+struct key_traits<row_table<T>> {
+  using element = T;
+  using row = const T*;
+};
+template <>
+struct key_traits<quantized_rows> {
+  using element = std::uint8_t;  // 16 bytes of codes a vector
+  using row = quantized_row;
+};
+
+template <class T>
+__device__ inline const T* key_row(const row_table<T>& rows, std::int32_t b, std::int32_t h, std::int32_t t) {
+  return rows.k_row(b, h, t);
+}
+__device__ inline quantized_row key_row(const quantized_rows& rows, std::int32_t b, std::int32_t h, std::int32_t t) {
+  return {rows.codes.k_row(b, h, t), rows.params.k_row(b, h, t)};
+}
+
+// 16-byte vectors in a row (vectorised paths only).
+template <class T>
+__device__ inline int key_vectors(const row_table<T>&, int head_dim) {
+  return head_dim / (16 / static_cast<int>(sizeof(T)));
+}
+__device__ inline int key_vectors(const quantized_rows& rows, int head_dim) {
+  return rows.quantization.code_row_bytes(head_dim) / 16;
+}
+
+// Element d of a row as a float (scalar paths).
+template <class T>
+__device__ inline float key_element(const row_table<T>&, const T* k, int d) {
+  return to_float(k[d]);
+}
+__device__ inline float key_element(const quantized_rows& rows, const quantized_row& k, int d) {
+  return dequantize_element(k.codes, k.params, d, rows.quantization);
+}
+
+// acc[q] += the tile's query q . elements [x0, x0 + N) of the row, given as kf.
+template <int N, int NQ>
+__device__ inline void add_dots(const float (&kf)[N], int x0, const float* q_tile, int nq, int head_dim,
+                                float (&acc)[NQ]) {
+#pragma unroll
+  for (int q = 0; q < NQ; ++q)
+    if (q < nq) {
+      const float* qv = q_tile + q * head_dim + x0;
+#pragma unroll
+      for (int e = 0; e < N; ++e) acc[q] = fmaf(qv[e], kf[e], acc[q]);
+    }
+}
+
+// acc[q] += query q . the row's 16-byte vector v (vectorised paths).
+template <int NQ, class T>
+__device__ inline void add_vector_dots(const row_table<T>&, const T* k, int v, const float* q_tile, int nq,
+                                       int head_dim, float (&acc)[NQ]) {
+  constexpr int vec = 16 / static_cast<int>(sizeof(T));
+  float kf[vec];
+  unpack<T, vec>(__ldg(reinterpret_cast<const uint4*>(k) + v), kf);
+  add_dots(kf, v * vec, q_tile, nq, head_dim, acc);
+}
+// A quantized row: 16 bytes of codes, dequantized as dequantize_element
+// does (the same expressions, so the same values). A vector within one
+// group (group_size a multiple of the elements a vector holds, the usual
+// case) reads its parameters once; otherwise element by element.
+template <int NQ>
+__device__ inline void add_vector_dots(const quantized_rows& rows, const quantized_row& k, int v,
+                                       const float* q_tile, int nq, int head_dim, float (&acc)[NQ]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(k.codes) + v);
+  std::uint8_t c[16];
+  __builtin_memcpy(c, &raw, sizeof(raw));
+  const int gs = rows.quantization.group_size;
+  if (rows.quantization.kind == quant_kind::int8) {
+    const int x0 = v * 16, g0 = x0 / gs;
+    float kf[16];
+    if ((x0 + 15) / gs == g0) {
+      const float scale = __ldg(k.params + g0);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) kf[e] = scale * static_cast<float>(static_cast<std::int8_t>(c[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 16; ++e)
+        kf[e] = __ldg(k.params + (x0 + e) / gs) * static_cast<float>(static_cast<std::int8_t>(c[e]));
+    }
+    add_dots(kf, x0, q_tile, nq, head_dim, acc);
+  } else {
+    const int x0 = v * 32, g0 = x0 / gs;
+    float kf[32];
+    if ((x0 + 31) / gs == g0) {
+      const float scale = __ldg(k.params + 2 * g0), zero = __ldg(k.params + 2 * g0 + 1);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        kf[2 * i] = scale * (static_cast<float>(c[i] & 0x0F) - zero);
+        kf[2 * i + 1] = scale * (static_cast<float>(c[i] >> 4) - zero);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int g = (x0 + 2 * i) / gs;  // group_size is even: both nibbles share it
+        const float scale = __ldg(k.params + 2 * g), zero = __ldg(k.params + 2 * g + 1);
+        kf[2 * i] = scale * (static_cast<float>(c[i] & 0x0F) - zero);
+        kf[2 * i + 1] = scale * (static_cast<float>(c[i] >> 4) - zero);
+      }
+    }
+    add_dots(kf, x0, q_tile, nq, head_dim, acc);
+  }
+}
+
 // Generic paths: one row a round; queries from shared memory.
-template <class T, int HeadDim>
-__device__ inline void generic_dots(const T* krow, bool valid, const float* q_tile, int nq, int head_dim,
-                                    const lane_geometry& geo, float (&out)[qk_traits<T, HeadDim>::max_queries]) {
-  using traits = qk_traits<T, HeadDim>;
+template <class Rows, int HeadDim>
+__device__ inline void generic_dots(const Rows& rows, const typename key_traits<Rows>::row& krow, bool valid,
+                                    const float* q_tile, int nq, int head_dim, const lane_geometry& geo,
+                                    float (&out)[qk_traits<typename key_traits<Rows>::element, HeadDim>::max_queries]) {
+  using traits = qk_traits<typename key_traits<Rows>::element, HeadDim>;
   constexpr int NQ = traits::max_queries;
   float acc[NQ];
 #pragma unroll
@@ -142,25 +263,14 @@ __device__ inline void generic_dots(const T* krow, bool valid, const float* q_ti
   if (valid) {
     if constexpr (traits::scalar) {
       for (int d = geo.rank; d < head_dim; d += geo.lanes) {
-        const float k = to_float(krow[d]);
+        const float k = key_element(rows, krow, d);
 #pragma unroll
         for (int q = 0; q < NQ; ++q)
           if (q < nq) acc[q] = fmaf(q_tile[q * head_dim + d], k, acc[q]);
       }
     } else {
-      constexpr int vec = traits::vec;
-      const int nv = head_dim / vec;
-      for (int v = geo.rank; v < nv; v += geo.lanes) {
-        float kf[vec];
-        unpack<T, vec>(__ldg(reinterpret_cast<const uint4*>(krow) + v), kf);
-#pragma unroll
-        for (int q = 0; q < NQ; ++q)
-          if (q < nq) {
-            const float* qv = q_tile + q * head_dim + v * vec;
-#pragma unroll
-            for (int e = 0; e < vec; ++e) acc[q] = fmaf(qv[e], kf[e], acc[q]);
-          }
-      }
+      const int nv = key_vectors(rows, head_dim);
+      for (int v = geo.rank; v < nv; v += geo.lanes) add_vector_dots(rows, krow, v, q_tile, nq, head_dim, acc);
     }
   }
 #pragma unroll
@@ -168,13 +278,19 @@ __device__ inline void generic_dots(const T* krow, bool valid, const float* q_ti
 }
 
 // Grid (chunks, kv_heads, batch); dynamic shared memory: group * head_dim floats.
-template <class Policy, class T, class Q, int HeadDim>
-__global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, HeadDim>::min_blocks)
-    observe_queries_kernel(Policy policy, sequence_table seqs, row_table<T> rows, std::int32_t head_dim,
+// `Rows`: a row_table<T> of elements (every path) or quantized_rows (the
+// generic paths, HeadDim 0 and -1).
+template <class Policy, class Rows, class Q, int HeadDim>
+__global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, HeadDim>::threads,
+                                  qk_traits<typename key_traits<Rows>::element, HeadDim>::min_blocks)
+    observe_queries_kernel(Policy policy, sequence_table seqs, Rows rows, std::int32_t head_dim,
                            eviction_state<memory_space::device> state, query_view<Q, memory_space::device> queries,
                            lse_view<memory_space::device> lse, float scale, std::int32_t chunk) {
+  using T = typename key_traits<Rows>::element;
+  using KRow = typename key_traits<Rows>::row;
   using traits = qk_traits<T, HeadDim>;
   using fixed = fixed_qk<T, HeadDim>;
+  static_assert(!traits::fixed || std::is_same_v<Rows, row_table<T>>, "the fast paths read elements");
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   using History = typename Policy::history;
@@ -205,7 +321,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
   if constexpr (traits::fixed || traits::scalar) {
     geo.lanes = traits::lanes;
   } else {
-    const int nv = head_dim / traits::vec;
+    const int nv = key_vectors(rows, head_dim);
     geo.lanes = 1;
     while (geo.lanes * 2 <= (nv < 32 ? nv : 32)) geo.lanes *= 2;
   }
@@ -224,11 +340,11 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
     for (std::int32_t base = from + warp * geo.rows_per_warp; base < to; base += rows_per_round) {
       const std::int32_t t0 = base + geo.group_in_warp * R;
       bool valid[R];
-      const T* krow[R];
+      KRow krow[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         valid[r] = t0 + r < to;
-        krow[r] = valid[r] ? rows.k_row(b, h, t0 + r) : nullptr;
+        krow[r] = valid[r] ? key_row(rows, b, h, t0 + r) : KRow{};
       }
       body(t0, valid, krow);
     }
@@ -286,7 +402,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
         if constexpr (traits::fixed) {
           fixed::load_queries(qreg, tile, nq, head_dim, geo.rank);
           const int first_idx = fixed::first_held(geo.rank);
-          for_rows(0, visible, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+          for_rows(0, visible, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
             float kf[R][fixed::slice];
             fixed::load_rows(krow, valid, geo.rank, kf);
             float v[traits::values];
@@ -301,9 +417,9 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
               }
           });
         } else {
-          for_rows(0, visible, [&](std::int32_t, const bool (&valid)[R], const T* const (&krow)[R]) {
+          for_rows(0, visible, [&](std::int32_t, const bool (&valid)[R], const KRow (&krow)[R]) {
             float d[NQ];
-            generic_dots<T, HeadDim>(krow[0], valid[0], tile, nq, head_dim, geo, d);
+            generic_dots<Rows, HeadDim>(rows, krow[0], valid[0], tile, nq, head_dim, geo, d);
             if (geo.rank == 0 && valid[0])
 #pragma unroll
               for (int q = 0; q < NQ; ++q)
@@ -320,7 +436,7 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
     if constexpr (traits::fixed) {
       if (one_tile) fixed::load_queries(qreg, q_tile, group, head_dim, geo.rank);
       const int first_idx = fixed::first_held(geo.rank);
-      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
         float kf[R][fixed::slice];
         fixed::load_rows(krow, valid, geo.rank, kf);
         float combined = Gqa::identity();  // lane rank < R: row t0 + rank
@@ -354,12 +470,12 @@ __global__ void __launch_bounds__(qk_traits<T, HeadDim>::threads, qk_traits<T, H
         if (geo.rank < R && t0 + geo.rank < end) record(t0 + geo.rank, combined, step, visible);
       });
     } else {
-      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const T* const (&krow)[R]) {
+      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
         float combined = Gqa::identity();
         for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
           const int nq = group - g0 < NQ ? group - g0 : NQ;
           float d[NQ];
-          generic_dots<T, HeadDim>(krow[0], valid[0], q_tile + g0 * head_dim, nq, head_dim, geo, d);
+          generic_dots<Rows, HeadDim>(rows, krow[0], valid[0], q_tile + g0 * head_dim, nq, head_dim, geo, d);
 #pragma unroll
           for (int q = 0; q < NQ; ++q)
             if (q < nq) combined = Gqa::combine(combined, expf(d[q] * scale - norm[g0 + q]));

@@ -333,9 +333,9 @@ __global__ void __launch_bounds__(slot_traits::threads)
 // twice) or forget (state only, stable). Sets tracked.
 template <int = 0>  // a template so every translation unit may define it
 __global__ void __launch_bounds__(compact_traits::threads)
-    apply_selection_kernel(bool stable, bool move_kv, sequence_table seqs, row_table<std::byte> rows,
-                           std::int32_t row_bytes, std::int32_t vec, eviction_state<memory_space::device> state,
-                           selection_in sel, const std::int32_t* page_counts) {
+    apply_selection_kernel(bool stable, bool move_kv, sequence_table seqs, row_planes planes,
+                           eviction_state<memory_space::device> state, selection_in sel,
+                           const std::int32_t* page_counts) {
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   // Read once per block: another block of this sequence may be flagging it
   // (shared pages) while this one starts.
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(compact_traits::threads)
     if (threadIdx.x == 0) atomicOr(&state.status[r], status_shared_page);
     return;
   }
-  compact_rows(stable, rows, row_bytes, vec, move_kv, state, b, h, r, len, count, list);
+  compact_rows(stable, planes, move_kv, state, b, h, r, len, count, list);
   if (h == 0 && threadIdx.x == 0) state.tracked[r] = kept;
 }
 
