@@ -14,6 +14,8 @@
 # model's context) are refused for that model. $SCISSORHANDS_MODEL=PATH
 # runs that one model only; $SCISSORHANDS_MODELS_DIR changes where the
 # three are looked for; $SCISSORHANDS_BUILD_DIR the build folder (build).
+# Then the quantized caches (scripts/quantization.sh with 2 groups of texts:
+# quantization alone, eviction alone, both; the compounding check).
 # Eviction granularity (per head / shared heads / shared layers) has its own
 # longer run: scripts/granularity.sh (docs/granularity.md).
 set -euo pipefail
@@ -66,3 +68,10 @@ if command -v python3 >/dev/null; then
 fi
 echo
 echo "main.sh: ${#csvs[@]} model(s) in $((SECONDS - start)) s; results/llama_nll.csv holds every row, results/llama_nll_<model>.png the plots, results/readme_table.md the README's table"
+# The quantized configurations (--kv-bits 16, 8, 4 alone and with the
+# default policy's budgets; docs/quantization.md): 2 groups of 8 texts per
+# model here (docs/quantization.md used 8 groups: QUANT_GROUPS=8).
+echo
+echo "=================== quantized caches ==================="
+QUANT_GROUPS=${QUANT_GROUPS:-2} bash scripts/quantization.sh
+echo "main.sh: done in $((SECONDS - start)) s; results/quantization_tables.md has the quantized configurations and the compounding check"

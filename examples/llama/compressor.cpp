@@ -294,13 +294,30 @@ namespace {
 // The factory functions are defined (and explicitly instantiated for every
 // policy this file can ask for) in compressor_head.cpp, compressor_heads.cpp
 // and compressor_layers_*.cpp: one translation unit per granularity family,
-// so that the build runs them in parallel.
+// so that the build runs them in parallel; the bf16 and int8/int4 ones in
+// compressor_low_precision.cpp.
+#define LLAMA_IS_LOW_PRECISION(O, H, Q) || std::is_same_v<Base, LLAMA_BASE_POLICY(O, H, Q)>
+template <class Base>
+constexpr bool low_precision_base = false LLAMA_LOW_PRECISION_POLICIES(LLAMA_IS_LOW_PRECISION);
+#undef LLAMA_IS_LOW_PRECISION
+
 template <class Base>
 std::unique_ptr<kv_compressor> pick_granularity(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                                const std::vector<sh::host_kv_view<float>>& caches,
+                                                const std::vector<cache_view>& caches,
                                                 observe_source source, std::int32_t capacity) {
   const detail::compressor_args args{spec, budgets, caches, source, capacity};
   const granularity_spec& g = spec.granularity;
+  const std::size_t stored = caches.empty() ? 0 : caches.front().index();
+  if (stored != 0) {
+    // make_compressor refused the rest already; this keeps the types honest.
+    if constexpr (low_precision_base<Base>) {
+      if (g.per_head())
+        return stored == 1 ? detail::make_at<Base, sh::per_head, detail::bf16_view>(args)
+                           : detail::make_at<Base, sh::per_head, detail::quantized_view>(args);
+    }
+    throw std::logic_error("make_compressor: policy " + spec.label + " has no compressor for a " +
+                           format_of(caches.front()).name() + " cache");
+  }
   const bool head_max = g.heads == reduction_kind::max, layer_max = g.layers == reduction_kind::max;
   switch (g.kind) {
     case sh::granularity_kind::per_head: return detail::make_at<Base, sh::per_head>(args);
@@ -317,7 +334,7 @@ std::unique_ptr<kv_compressor> pick_granularity(const policy_spec& spec, const s
 
 template <class Obs, class Hist, class Gqa>
 std::unique_ptr<kv_compressor> build(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                     const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
+                                     const std::vector<cache_view>& caches, observe_source source,
                                      std::int32_t capacity) {
   using policy = sh::eviction_policy<Obs, Hist, sh::recent_window, Gqa>;
   return pick_granularity<policy>(spec, budgets, caches, source, capacity);
@@ -325,7 +342,7 @@ std::unique_ptr<kv_compressor> build(const policy_spec& spec, const std::vector<
 
 template <class Obs, class Hist>
 std::unique_ptr<kv_compressor> pick_gqa(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                        const std::vector<sh::host_kv_view<float>>& caches, observe_source source,
+                                        const std::vector<cache_view>& caches, observe_source source,
                                         std::int32_t capacity) {
   // Static observations never read attention: the reduction is irrelevant.
   if constexpr (!Obs::needs_attention) return build<Obs, Hist, sh::gqa_mean>(spec, budgets, caches, source, capacity);
@@ -335,7 +352,7 @@ std::unique_ptr<kv_compressor> pick_gqa(const policy_spec& spec, const std::vect
 
 template <class Obs>
 std::unique_ptr<kv_compressor> pick_history(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                            const std::vector<sh::host_kv_view<float>>& caches,
+                                            const std::vector<cache_view>& caches,
                                             observe_source source, std::int32_t capacity) {
   if constexpr (!Obs::needs_attention) {
     return pick_gqa<Obs, sh::unbounded_history>(spec, budgets, caches, source, capacity);
@@ -349,11 +366,80 @@ std::unique_ptr<kv_compressor> pick_history(const policy_spec& spec, const std::
   throw std::invalid_argument("make_compressor: unknown history kind");
 }
 
+// The kinds of a composition, to match a spec against
+// LLAMA_LOW_PRECISION_POLICIES at run time.
+template <class O>
+constexpr observation_kind observation_of() {
+  if constexpr (std::is_same_v<O, sh::important_indicator>) return observation_kind::important;
+  else if constexpr (std::is_same_v<O, sh::unimportant_indicator>) return observation_kind::unimportant;
+  else if constexpr (std::is_same_v<O, sh::attention_mass>) return observation_kind::mass;
+  else if constexpr (std::is_same_v<O, sh::key_norm>) return observation_kind::key_norm;
+  else if constexpr (std::is_same_v<O, sh::recency>) return observation_kind::recency;
+  else return observation_kind::random;
+}
+template <class H>
+constexpr history_kind history_of() {
+  if constexpr (std::is_same_v<H, sh::sliding_window>) return history_kind::window;
+  else if constexpr (std::is_same_v<H, sh::unbounded_history>) return history_kind::unbounded;
+  else return history_kind::decay;
+}
+
+struct composition {
+  observation_kind observation;
+  history_kind history;
+  gqa_kind gqa;
+};
+#define LLAMA_LOW_ENTRY(O, H, Q)                                      \
+  composition{observation_of<sh::O>(), history_of<sh::H>(),           \
+              std::is_same_v<sh::Q, sh::gqa_max> ? gqa_kind::max : gqa_kind::mean},
+constexpr composition low_precision_compositions[] = {LLAMA_LOW_PRECISION_POLICIES(LLAMA_LOW_ENTRY)};
+#undef LLAMA_LOW_ENTRY
+
 }  // namespace
 
+bool runs_on(const policy_spec& spec, const kv_format& format) {
+  if (format.bits == 32) return true;
+  if (!spec.granularity.per_head()) return false;
+  for (const composition& c : low_precision_compositions)
+    if (c.observation == spec.observation && c.history == spec.history && c.gqa == spec.gqa) return true;
+  return false;
+}
+
+std::string low_precision_policies() {
+  std::string out;
+  for (const composition& c : low_precision_compositions) {
+    policy_spec s;
+    s.observation = c.observation;
+    s.history = c.history;
+    s.gqa = c.gqa;
+    // The presets that compose to it.
+    std::string presets;
+    for (const char* p : {"scissorhands", "scissorhands-paper", "scissorhands-important", "h2o", "tova", "snapkv",
+                          "streaming", "random", "keynorm", "decay"}) {
+      const policy_spec q = parse_policy(p);
+      if (q.observation == c.observation && q.history == c.history && q.gqa == c.gqa)
+        presets += (presets.empty() ? "" : ", ") + std::string(p);
+    }
+    out += (out.empty() ? "" : "; ") + std::string(observation_name(c.observation)) + "+" + history_name(c.history) +
+           " gqa=" + (c.gqa == gqa_kind::max ? "max" : "mean") + (presets.empty() ? "" : " (" + presets + ")");
+  }
+  return out + ", at granularity head";
+}
+
 std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                               const std::vector<sh::host_kv_view<float>>& caches,
+                                               const std::vector<cache_view>& caches,
                                                observe_source source, std::int32_t capacity) {
+  if (!caches.empty()) {
+    const kv_format format = format_of(caches.front());
+    for (const auto& c : caches)
+      if (c.index() != caches.front().index())
+        throw std::invalid_argument("make_compressor: every layer's cache must have the same stored format");
+    if (!runs_on(spec, format))
+      throw std::invalid_argument("policy " + spec.label + " (" + spec.describe() + ") is not built for --kv-bits " +
+                                  std::to_string(format.bits) + " (a cache stored as " + format.name() +
+                                  "): a bf16 or int8/int4 cache runs " + low_precision_policies() +
+                                  "; use --kv-bits 32 for the others");
+  }
   switch (spec.observation) {
     case observation_kind::important: return pick_history<sh::important_indicator>(spec, budgets, caches, source, capacity);
     case observation_kind::unimportant:

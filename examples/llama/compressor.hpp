@@ -12,6 +12,8 @@
 
 #include <scissorhands/scissorhands.hpp>
 
+#include "kv_format.hpp"
+
 namespace llama {
 
 enum class observation_kind { important, unimportant, mass, key_norm, recency, random };
@@ -102,6 +104,10 @@ struct attention_batch {
   std::int32_t q_len = 1;
 };
 
+// The compressors take the cache in its stored format (cache_view: fp32,
+// bf16, or int8/int4 codes with their parameters); a compressor is built
+// for the format of the caches make_compressor was given and refuses
+// another (std::logic_error).
 class kv_compressor {
  public:
   virtual ~kv_compressor() = default;
@@ -109,28 +115,23 @@ class kv_compressor {
   // After the step's K/V were appended and attention ran over `cache`:
   // hand the step's attention to the library (host::observe_probabilities
   // or host::observe_queries, per source()). Admits the new tokens first.
-  virtual void observe(std::int32_t layer, scissorhands::host_kv_view<float> cache, const attention_batch& att) = 0;
+  virtual void observe(std::int32_t layer, const cache_view& cache, const attention_batch& att) = 0;
   // Evicts when the layer's cache holds `budget` tokens or more, down to
   // budget - m (the library decides which) and returns the layer's new
   // length: the lengths are the engine's, and it applies it. The one-
   // argument form uses the layer's budget. Per layer: per_head and
   // shared_heads (host::compress); a shared_layers compressor throws
   // std::logic_error (use compress_model).
-  virtual std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache, std::int32_t budget) = 0;
-  std::int32_t compress(std::int32_t layer, scissorhands::host_kv_view<float> cache) {
-    return compress(layer, cache, budget(layer));
-  }
+  virtual std::int32_t compress(std::int32_t layer, const cache_view& cache, std::int32_t budget) = 0;
+  std::int32_t compress(std::int32_t layer, const cache_view& cache) { return compress(layer, cache, budget(layer)); }
   // shared_layers (model_wide()): once per step, after every layer was
   // observed, evicts the same slots from every head of every layer
   // (host::select once, then host::compact per layer) and returns the new
   // length, the same for every layer; the engine applies it to all.
   // `caches` lists every layer's view, lengths before the call. Others
   // throw std::logic_error.
-  virtual std::int32_t compress_model(const std::vector<scissorhands::host_kv_view<float>>& caches,
-                                      std::int32_t budget) = 0;
-  std::int32_t compress_model(const std::vector<scissorhands::host_kv_view<float>>& caches) {
-    return compress_model(caches, budget(0));
-  }
+  virtual std::int32_t compress_model(const std::vector<cache_view>& caches, std::int32_t budget) = 0;
+  std::int32_t compress_model(const std::vector<cache_view>& caches) { return compress_model(caches, budget(0)); }
   // True for a shared_layers granularity: compress_model, not compress.
   bool model_wide() const { return spec_.granularity.kind == scissorhands::granularity_kind::shared_layers; }
   // Forgets every token (a new text).
@@ -158,10 +159,20 @@ class kv_compressor {
 // when compress runs (the engine's validate_budgets calls it on an empty
 // cache up front). A shared_layers spec needs one budget for every layer
 // (one set of slots for the whole model): other budgets are refused with
-// std::invalid_argument.
+// std::invalid_argument. A bf16 or quantized cache runs the policies whose
+// compressors are instantiated for it (low_precision_policies(); per_head
+// granularity): others are refused with std::invalid_argument naming the
+// policy and --kv-bits.
 std::unique_ptr<kv_compressor> make_compressor(const policy_spec& spec, const std::vector<std::int32_t>& budgets,
-                                               const std::vector<scissorhands::host_kv_view<float>>& caches,
+                                               const std::vector<cache_view>& caches,
                                                observe_source source = observe_source::probabilities,
                                                std::int32_t state_capacity = 0);
+
+// Whether make_compressor builds `spec` for a cache stored as `format`
+// (fp32: every policy; bf16, int8/int4: low_precision_policies()).
+bool runs_on(const policy_spec& spec, const kv_format& format);
+// The compositions (and the presets that give them) a bf16 or int8/int4
+// cache runs, for --help and refusals.
+std::string low_precision_policies();
 
 }  // namespace llama

@@ -1,50 +1,13 @@
 // The per_head compressors, and host::observe_* for every base policy
 // (shared by every granularity). compressor_factory.hpp.
-#include "compressor_impl.hpp"
+#include "compressor_observe.hpp"
 
 namespace llama::detail {
 
-// One layer's attention handed to host::observe_* (the same at every
-// granularity: the state is per head whichever slots later leave together).
-template <class Base>
-void observe_layer(const Base& policy, observe_source source, sh::host_kv_view<float> cache,
-                   sh::eviction_state<sh::memory_space::host> state, const attention_batch& att) {
-  switch (source) {
-    case observe_source::probabilities: {
-      // A strided view over the engine's [q_heads][queries][slots] buffer:
-      // the library reads the q_len rows it is given, each up to its
-      // causal limit.
-      sh::probability_view<sh::memory_space::host> view{};
-      view.data = sh::host_span<const float>(att.probs, att.probs_size);
-      view.q_heads = att.q_heads;
-      view.q_len = att.q_len;
-      view.sequence_stride = 0;  // one sequence
-      view.head_stride = att.probs_head_stride;
-      view.query_stride = att.probs_query_stride;
-      sh::host::observe_probabilities(policy, cache, state, view);
-      break;
-    }
-    case observe_source::queries:
-    case observe_source::queries_lse: {
-      const std::size_t rows = static_cast<std::size_t>(att.q_len) * static_cast<std::size_t>(att.q_heads);
-      const auto q = sh::query_view<float, sh::memory_space::host>::dense(
-          sh::host_span<const float>(att.queries, rows * static_cast<std::size_t>(cache.head_dim)), att.q_heads,
-          att.q_len, cache.head_dim);
-      sh::lse_view<sh::memory_space::host> lv{};
-      if (source == observe_source::queries_lse)
-        lv = sh::lse_view<sh::memory_space::host>::token_major(sh::host_span<const float>(att.lse, rows),
-                                                                att.q_heads, att.q_len, sh::lse_base::natural);
-      sh::host::observe_queries(policy, cache, state, q, lv);
-      break;
-    }
-  }
-}
-
 #define LLAMA_OBSERVE(O, H, Q)                                                                                   \
-  template void observe_layer<LLAMA_BASE_POLICY(O, H, Q)>(const LLAMA_BASE_POLICY(O, H, Q)&, observe_source,     \
-                                                          sh::host_kv_view<float>,                               \
-                                                          sh::eviction_state<sh::memory_space::host>,            \
-                                                          const attention_batch&);
+  template void observe_layer<LLAMA_BASE_POLICY(O, H, Q), fp32_view>(                                           \
+      const LLAMA_BASE_POLICY(O, H, Q)&, observe_source, fp32_view, sh::eviction_state<sh::memory_space::host>, \
+      const attention_batch&);
 LLAMA_BASE_POLICIES(LLAMA_OBSERVE)
 
 #define LLAMA_PER_HEAD(O, H, Q) LLAMA_MAKE_AT(O, H, Q, sh::per_head)

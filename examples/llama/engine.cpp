@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <variant>
 #include <stdexcept>
 #include <string>
 
@@ -56,10 +58,14 @@ void rmsnorm(float* out, const float* x, const std::vector<float>& weight, std::
 
 }  // namespace
 
-engine::engine(const model& m, std::int32_t max_tokens, sh::named_layout layout)
-    : model_(m), max_tokens_(max_tokens), layout_(layout) {
+engine::engine(const model& m, std::int32_t max_tokens, sh::named_layout layout, kv_format format)
+    : model_(m), max_tokens_(max_tokens), layout_(layout), format_(format) {
   const model_config& c = m.config;
   if (max_tokens <= 0) throw std::invalid_argument("engine: max_tokens must be positive, got " + std::to_string(max_tokens));
+  if (format_.head_dim == 0) format_ = resolve_kv_format(format.bits, format.group_size, c.head_dim);
+  if (format_.head_dim != c.head_dim)
+    throw std::invalid_argument("engine: the KV format is for head_dim " + std::to_string(format_.head_dim) +
+                                ", the model's is " + std::to_string(c.head_dim));
   x_.resize(static_cast<std::size_t>(c.dim));
   xb_.resize(static_cast<std::size_t>(c.dim));
   q_.resize(static_cast<std::size_t>(c.q_heads * c.head_dim));
@@ -81,17 +87,41 @@ engine::engine(const model& m, std::int32_t max_tokens, sh::named_layout layout)
 void engine::allocate_cache() {
   const model_config& c = model_.config;
   const auto layers = static_cast<std::size_t>(c.layers);
-  k_cache_.assign(layers, {});
-  v_cache_.assign(layers, {});
+  for (auto* buffers : {&k_cache_, &v_cache_, &k_params_, &v_params_}) buffers->assign(layers, {});
+  k16_.assign(layers, {});
+  v16_.assign(layers, {});
+  k_codes_.assign(layers, {});
+  v_codes_.assign(layers, {});
   lengths_.assign(layers, 0);
   std::int32_t widest = 0;
   for (std::size_t l = 0; l < layers; ++l) {
-    const std::size_t n = static_cast<std::size_t>(capacity_[l]) * static_cast<std::size_t>(c.kv_heads * c.head_dim);
-    k_cache_[l].assign(n, 0.0f);
-    v_cache_[l].assign(n, 0.0f);
+    const auto rows = static_cast<std::size_t>(capacity_[l]) * static_cast<std::size_t>(c.kv_heads);
+    const std::size_t n = rows * static_cast<std::size_t>(c.head_dim);
+    switch (format_.bits) {
+      case 32:
+        k_cache_[l].assign(n, 0.0f);
+        v_cache_[l].assign(n, 0.0f);
+        break;
+      case 16:
+        k16_[l].assign(n, bf16{});
+        v16_[l].assign(n, bf16{});
+        break;
+      default: {
+        const auto q = format_.quantization();
+        k_codes_[l].assign(rows * static_cast<std::size_t>(q.code_row_bytes(c.head_dim)), 0);
+        v_codes_[l].assign(k_codes_[l].size(), 0);
+        k_params_[l].assign(rows * static_cast<std::size_t>(q.params_per_row(c.head_dim)), 0.0f);
+        v_params_[l].assign(k_params_[l].size(), 0.0f);
+      }
+    }
     widest = std::max(widest, capacity_[l]);
   }
   probs_.assign(static_cast<std::size_t>(c.q_heads) * static_cast<std::size_t>(widest), 0.0f);
+  const std::size_t scratch = format_.bits == 32 ? 0
+                                                 : static_cast<std::size_t>(widest) *
+                                                       static_cast<std::size_t>(c.kv_heads * c.head_dim);
+  deq_k_.assign(scratch, 0.0f);
+  deq_v_.assign(scratch, 0.0f);
 }
 
 void engine::set_policy(const policy_spec* spec, const std::vector<std::int32_t>& budgets, observe_source source,
@@ -125,12 +155,10 @@ void engine::set_policy(const policy_spec* spec, const std::vector<std::int32_t>
   }
   allocate_cache();
   if (spec) {
-    std::vector<sh::host_kv_view<float>> views;
-    for (std::int32_t l = 0; l < c.layers; ++l) views.push_back(view(l));
     // The state needs a slot per token held at a library call: B when
     // decoding (state_capacity_for(B, 1)); the whole prompt when it lands
     // in one chunk on an empty cache (prefill: P).
-    compressor_ = make_compressor(*spec, budgets, views, source, plan ? plan->prompt : 0);
+    compressor_ = make_compressor(*spec, budgets, caches(), source, plan ? plan->prompt : 0);
   }
   reset();
 }
@@ -140,16 +168,22 @@ void engine::validate_budgets() {
   if (!compressor_) return;
   const std::int32_t m = compressor_->spec().config.evict_count;
   if (compressor_->model_wide()) {
-    compressor_->compress_model(views(), compressor_->budget(0) + (plan_ ? m : 0));
+    compressor_->compress_model(caches(), compressor_->budget(0) + (plan_ ? m : 0));
     return;
   }
   for (std::int32_t l = 0; l < model_.config.layers; ++l)
-    compressor_->compress(l, view(l), compressor_->budget(l) + (plan_ ? m : 0));
+    compressor_->compress(l, cache(l), compressor_->budget(l) + (plan_ ? m : 0));
 }
 
 std::vector<sh::host_kv_view<float>> engine::views() {
   std::vector<sh::host_kv_view<float>> out;
   for (std::int32_t l = 0; l < model_.config.layers; ++l) out.push_back(view(l));
+  return out;
+}
+
+std::vector<cache_view> engine::caches() {
+  std::vector<cache_view> out;
+  for (std::int32_t l = 0; l < model_.config.layers; ++l) out.push_back(cache(l));
   return out;
 }
 
@@ -160,7 +194,7 @@ void engine::compress_model(std::int32_t budget, std::chrono::nanoseconds& libra
     library -= clock_type::now() - h0;
   }
   const auto c0 = clock_type::now();
-  const std::int32_t kept = compressor_->compress_model(views(), budget);
+  const std::int32_t kept = compressor_->compress_model(caches(), budget);
   std::fill(lengths_.begin(), lengths_.end(), kept);
   const auto c1 = clock_type::now();
   library += c1 - c0;
@@ -174,6 +208,9 @@ void engine::reset() {
 }
 
 sh::host_kv_view<float> engine::view(std::int32_t layer) {
+  if (format_.bits != 32)
+    throw std::logic_error("engine::view: the cache is stored as " + format_.name() +
+                           ", not fp32: use engine::cache for the stored form");
   const auto l = static_cast<std::size_t>(layer);
   const model_config& c = model_.config;
   return sh::make_kv_view(sh::host_span<float>(k_cache_[l].data(), k_cache_[l].size()),
@@ -182,9 +219,100 @@ sh::host_kv_view<float> engine::view(std::int32_t layer) {
                           layout_);
 }
 
+cache_view engine::cache(std::int32_t layer) {
+  const auto l = static_cast<std::size_t>(layer);
+  const model_config& c = model_.config;
+  const sh::host_span<const std::int32_t> length(&lengths_[l], 1);
+  switch (format_.bits) {
+    case 32: return view(layer);
+    case 16:
+      return sh::make_kv_view(sh::host_span<bf16>(k16_[l].data(), k16_[l].size()),
+                              sh::host_span<bf16>(v16_[l].data(), v16_[l].size()), length, 1, c.kv_heads, c.head_dim,
+                              capacity_[l], layout_);
+    default:
+      return sh::make_quantized_kv_view(sh::host_span<std::uint8_t>(k_codes_[l].data(), k_codes_[l].size()),
+                                        sh::host_span<std::uint8_t>(v_codes_[l].data(), v_codes_[l].size()),
+                                        sh::host_span<float>(k_params_[l].data(), k_params_[l].size()),
+                                        sh::host_span<float>(v_params_[l].data(), v_params_[l].size()), length, 1,
+                                        c.kv_heads, c.head_dim, capacity_[l], layout_, format_.quantization());
+  }
+}
+
+void engine::append(std::int32_t layer, std::int32_t slot, const float* k, const float* v) {
+  const model_config& c = model_.config;
+  const std::int32_t hd = c.head_dim;
+  const cache_view stored = cache(layer);
+  for (std::int32_t h = 0; h < c.kv_heads; ++h) {
+    const float* kh = k + h * hd;
+    const float* vh = v + h * hd;
+    std::visit(
+        [&](const auto& cv) {
+          using V = std::decay_t<decltype(cv)>;
+          if constexpr (std::is_same_v<V, sh::host_quantized_kv_view>) {
+            sh::quantize_row(kh, hd, cv.quantization, cv.k_row(0, h, slot), cv.k_params_row(0, h, slot));
+            sh::quantize_row(vh, hd, cv.quantization, cv.v_row(0, h, slot), cv.v_params_row(0, h, slot));
+          } else if constexpr (std::is_same_v<V, sh::host_kv_view<bf16>>) {
+            std::transform(kh, kh + hd, cv.k_row(0, h, slot), to_bf16);
+            std::transform(vh, vh + hd, cv.v_row(0, h, slot), to_bf16);
+          } else {
+            std::copy_n(kh, hd, cv.k_row(0, h, slot));
+            std::copy_n(vh, hd, cv.v_row(0, h, slot));
+          }
+        },
+        stored);
+  }
+}
+
+sh::host_kv_view<float> engine::readable(std::int32_t layer, std::int32_t len) {
+  if (format_.bits == 32) return view(layer);
+  const auto l = static_cast<std::size_t>(layer);
+  const model_config& c = model_.config;
+  const std::int32_t hd = c.head_dim;
+  const std::size_t n = static_cast<std::size_t>(capacity_[l]) * static_cast<std::size_t>(c.kv_heads * hd);
+  auto out = sh::make_kv_view(sh::host_span<float>(deq_k_.data(), n), sh::host_span<float>(deq_v_.data(), n),
+                              sh::host_span<const std::int32_t>(&lengths_[l], 1), 1, c.kv_heads, hd, capacity_[l],
+                              layout_);
+  const cache_view stored = cache(layer);
+  std::visit(
+      [&](const auto& cv) {
+        using V = std::decay_t<decltype(cv)>;
+        for (std::int32_t h = 0; h < c.kv_heads; ++h)
+          for (std::int32_t t = 0; t < len; ++t) {
+            if constexpr (std::is_same_v<V, sh::host_quantized_kv_view>) {
+              cv.dequantize_k(0, h, t, out.k_row(0, h, t));
+              cv.dequantize_v(0, h, t, out.v_row(0, h, t));
+            } else if constexpr (std::is_same_v<V, sh::host_kv_view<bf16>>) {
+              std::transform(cv.k_row(0, h, t), cv.k_row(0, h, t) + hd, out.k_row(0, h, t), from_bf16);
+              std::transform(cv.v_row(0, h, t), cv.v_row(0, h, t) + hd, out.v_row(0, h, t), from_bf16);
+            }
+          }
+      },
+      stored);
+  return out;
+}
+
 std::size_t engine::kv_bytes() const {
   std::size_t n = 0;
-  for (std::size_t l = 0; l < k_cache_.size(); ++l) n += (k_cache_[l].size() + v_cache_[l].size()) * sizeof(float);
+  for (std::size_t l = 0; l < k_cache_.size(); ++l)
+    n += (k_cache_[l].size() + v_cache_[l].size()) * sizeof(float) + (k16_[l].size() + v16_[l].size()) * sizeof(bf16) +
+         k_codes_[l].size() + v_codes_[l].size();
+  return n;
+}
+
+std::size_t engine::param_bytes() const {
+  std::size_t n = 0;
+  for (std::size_t l = 0; l < k_params_.size(); ++l) n += (k_params_[l].size() + v_params_[l].size()) * sizeof(float);
+  return n;
+}
+
+std::size_t engine::state_slot_bytes() const {
+  if (!compressor_) return 0;
+  std::size_t n = 0;
+  for (std::int32_t l = 0; l < model_.config.layers; ++l) {
+    const sh::state_shape shape = compressor_->state(l).shape;
+    n += static_cast<std::size_t>(shape.rows) * static_cast<std::size_t>(shape.kv_heads) *
+         static_cast<std::size_t>(shape.capacity) * sh::state_bytes_per_slot(shape.ring_words);
+  }
   return n;
 }
 
@@ -279,20 +407,19 @@ const float* engine::step(std::int32_t token) {
     for (std::int32_t h = 0; h < c.q_heads; ++h) rotate(q_.data() + h * hd, hd, c.pairing, rope_cos_.data(), rope_sin_.data());
     for (std::int32_t h = 0; h < c.kv_heads; ++h) rotate(k_.data() + h * hd, hd, c.pairing, rope_cos_.data(), rope_sin_.data());
 
-    // Append K (after RoPE) and V at the next free slot.
-    auto cache = view(l);
+    // Append K (after RoPE) and V at the next free slot, in the stored format.
     std::int32_t& len = lengths_[static_cast<std::size_t>(l)];
     if (len >= capacity_[static_cast<std::size_t>(l)])
       throw std::logic_error("engine::step: layer " + std::to_string(l) + " cache is full (" + std::to_string(len) +
                              " slots) before append: the policy did not keep it below its budget");
-    for (std::int32_t h = 0; h < c.kv_heads; ++h) {
-      std::copy_n(k_.data() + h * hd, hd, cache.k_row(0, h, len));
-      std::copy_n(v_.data() + h * hd, hd, cache.v_row(0, h, len));
-    }
+    append(l, len, k_.data(), v_.data());
     ++len;
+    const cache_view stored = cache(l);
 
-    // Attention of the step's query over every cached slot.
-    attend(q_.data(), cache, len, probs_.data(), static_cast<std::size_t>(len), lse_.data(), att_out_.data());
+    // Attention of the step's query over every cached slot (as stored:
+    // dequantized unless fp32).
+    auto rows = readable(l, len);
+    attend(q_.data(), rows, len, probs_.data(), static_cast<std::size_t>(len), lse_.data(), att_out_.data());
     if (on_attention) on_attention(l, probs_.data(), len);
 
     // The library (decode protocol): observe this step, then evict if the
@@ -308,7 +435,7 @@ const float* engine::step(std::int32_t token) {
       att.lse = lse_.data();
       att.q_heads = c.q_heads;
       att.q_len = 1;
-      compressor_->observe(l, cache, att);
+      compressor_->observe(l, stored, att);
       if (compressor_->model_wide()) {
         // shared_layers: the slots are chosen for the whole model once every
         // layer has observed this step (below). Deferring is exact: this
@@ -321,7 +448,7 @@ const float* engine::step(std::int32_t token) {
           library -= clock_type::now() - h0;
         }
         const auto c0 = clock_type::now();
-        lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, cache);
+        lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, stored);
         const auto c1 = clock_type::now();
         library += c1 - l0;
         compress += c1 - c0;
@@ -417,20 +544,17 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
 
     // Append the prompt's K (after RoPE) and V, then attend causally: query
     // j (slot base + j) sees slots 0 .. base + j, as it would in step().
-    auto cache = view(l);
     std::int32_t& len = lengths_[static_cast<std::size_t>(l)];
     const std::int32_t base = len;
-    for (std::int32_t j = 0; j < n; ++j)
-      for (std::int32_t h = 0; h < c.kv_heads; ++h) {
-        std::copy_n(row(pk_, j, kvd) + h * hd, hd, cache.k_row(0, h, base + j));
-        std::copy_n(row(pv_, j, kvd) + h * hd, hd, cache.v_row(0, h, base + j));
-      }
+    for (std::int32_t j = 0; j < n; ++j) append(l, base + j, row(pk_, j, kvd), row(pv_, j, kvd));
     len = base + n;
+    const cache_view stored = cache(l);
+    auto rows_read = readable(l, len);
     const auto columns = static_cast<std::size_t>(len);
     const std::size_t head_stride = un * columns;  // probabilities [q_heads][n][len]
     pprobs_.assign(static_cast<std::size_t>(c.q_heads) * head_stride, 0.0f);
     for (std::int32_t j = 0; j < n; ++j)
-      attend(row(pq_, j, qd), cache, base + j + 1, pprobs_.data() + static_cast<std::size_t>(j) * columns, head_stride,
+      attend(row(pq_, j, qd), rows_read, base + j + 1, pprobs_.data() + static_cast<std::size_t>(j) * columns, head_stride,
              row(plse_, j, c.q_heads), row(patt_, j, qd));
 
     // The library, once: observe the prompt's queries (all, or the last k,
@@ -448,7 +572,7 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
       att.lse = plse_.data() + first * static_cast<std::size_t>(c.q_heads);
       att.q_heads = c.q_heads;
       att.q_len = k;
-      compressor_->observe(l, cache, att);
+      compressor_->observe(l, stored, att);
       if (compressor_->model_wide()) {
         // shared_layers: compressed once every layer has observed (below);
         // the later layers' inputs came from this layer's full attention.
@@ -461,7 +585,7 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
         }
         // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
         const auto c0 = clock_type::now();
-        len = compressor_->compress(l, cache, compressor_->budget(l) + compressor_->spec().config.evict_count);
+        len = compressor_->compress(l, stored, compressor_->budget(l) + compressor_->spec().config.evict_count);
         const auto c1 = clock_type::now();
         library += c1 - l0;
         compress += c1 - c0;

@@ -40,6 +40,7 @@
 #include <scissorhands/scissorhands.hpp>
 
 #include "compressor.hpp"
+#include "kv_format.hpp"
 #include "model.hpp"
 
 namespace llama {
@@ -56,7 +57,10 @@ class engine {
   // max_tokens: the longest sequence this engine will decode (a full cache's
   // capacity). Without a compressor the cache is full; with one, layer l
   // holds at most min(budget_l, max_tokens) slots.
-  engine(const model& m, std::int32_t max_tokens, scissorhands::named_layout layout = scissorhands::named_layout::nhd);
+  // `format`: how the cache stores K and V (default fp32); a format whose
+  // head_dim is 0 is resolved for the model (resolve_kv_format).
+  engine(const model& m, std::int32_t max_tokens, scissorhands::named_layout layout = scissorhands::named_layout::nhd,
+         kv_format format = {});
 
   // Switches to a compressed cache (nullptr: full cache). Rebuilds the cache
   // buffers with the policy's capacities and resets the engine. Without a
@@ -86,13 +90,24 @@ class engine {
   std::int32_t max_tokens() const { return max_tokens_; }
   std::int32_t length(std::int32_t layer) const { return lengths_[static_cast<std::size_t>(layer)]; }
   std::int32_t capacity(std::int32_t layer) const { return capacity_[static_cast<std::size_t>(layer)]; }
+  const kv_format& format() const { return format_; }
+  // The fp32 cache of a layer (std::logic_error for another format: use cache()).
   scissorhands::host_kv_view<float> view(std::int32_t layer);
   std::vector<scissorhands::host_kv_view<float>> views();  // every layer's
+  // A layer's cache in its stored format: what the library is handed.
+  cache_view cache(std::int32_t layer);
+  std::vector<cache_view> caches();  // every layer's
   kv_compressor* compressor() { return compressor_.get(); }
-  // K+V bytes of the cache buffers (what a budget saves) and of the
-  // library's state (what it costs).
+  // Bytes of the cache buffers: K+V values or codes (what a budget or a
+  // format saves), their quantization parameters, and the library's state
+  // (what eviction costs).
   std::size_t kv_bytes() const;
+  std::size_t param_bytes() const;
   std::size_t state_bytes() const;
+  // The state without its fixed part (per-row counters and each array's
+  // 256-byte alignment): state_bytes_per_slot per (row, head, slot), what
+  // it costs per token in an engine holding many sequences.
+  std::size_t state_slot_bytes() const;
 
   // Called after attention, before the library sees it: (layer, probs
   // [q_heads][len] dense, len). Used by persistence and the tests.
@@ -120,13 +135,26 @@ class engine {
   // natural LSE into lse[q_heads], output into out (q_heads x head_dim).
   void attend(const float* q, scissorhands::host_kv_view<float>& cache, std::int32_t len, float* p,
               std::size_t p_stride, float* lse, float* out) const;
+  // Stores K and V rows (kv_heads x head_dim floats each) at `slot` of a
+  // layer, converted or quantized to the format.
+  void append(std::int32_t layer, std::int32_t slot, const float* k, const float* v);
+  // The layer's slots [0, len) as fp32, for attention: the cache itself
+  // when it is fp32, else dequantized into scratch (same layout).
+  scissorhands::host_kv_view<float> readable(std::int32_t layer, std::int32_t len);
 
   const model& model_;
   std::int32_t max_tokens_;
   scissorhands::named_layout layout_;
   std::int32_t position_ = 0;
   std::vector<std::int32_t> capacity_;
+  kv_format format_;
+  // The stored cache per layer; only the format's buffers are non-empty:
+  // fp32 values, bf16 values, or codes and parameters.
   std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::vector<std::vector<bf16>> k16_, v16_;
+  std::vector<std::vector<std::uint8_t>> k_codes_, v_codes_;
+  std::vector<std::vector<float>> k_params_, v_params_;
+  std::vector<float> deq_k_, deq_v_;  // readable()'s scratch, the widest layer's size
   std::vector<std::int32_t> lengths_;  // one sequence per layer: each layer's view points at its own entry
   std::unique_ptr<kv_compressor> compressor_;
   std::optional<prefill_plan> plan_;

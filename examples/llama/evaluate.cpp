@@ -210,10 +210,11 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
   const bool prefill = how.type == protocol::kind::prefill;
   if (prefill && how.prompt_percent > 0.0)
     throw std::invalid_argument("evaluate_nll: resolve the protocol (resolve_protocol) before running it");
-  engine e(m, longest, options.layout);
+  engine e(m, longest, options.layout, options.format);
   std::optional<prefill_plan> plan;
   if (prefill) plan = prefill_plan{how.prompt, how.observe_last};
   e.set_policy(spec, budgets, options.source, plan);
+  const kv_format& format = e.format();
   run_result r;
   r.label = spec ? spec->label : "full";
   r.description = spec ? spec->describe() : "full cache";
@@ -226,8 +227,13 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
     r.budget = static_cast<std::int32_t>(sum / static_cast<std::int64_t>(budgets.size()));
   }
   r.state_bytes = static_cast<double>(e.state_bytes());
+  r.state_slot_bytes = static_cast<double>(e.state_slot_bytes());
+  r.kv_bits = format.bits;
+  r.kv_group = format.group_size;
   const model_config& c = m.config;
-  const double row_bytes = 2.0 * c.kv_heads * c.head_dim * sizeof(float);  // K and V of one token, one layer
+  // K and V of one token, one layer, as stored: values or codes, and parameters.
+  const double row_bytes = 2.0 * c.kv_heads * static_cast<double>(format.row_bytes());
+  const double param_row_bytes = 2.0 * c.kv_heads * static_cast<double>(format.param_row_bytes());
   std::vector<std::int32_t> peak(static_cast<std::size_t>(c.layers));
   for (const auto& text : texts) {
     e.reset();
@@ -271,9 +277,11 @@ run_result evaluate_nll(const model& m, const std::vector<eval_text>& texts, con
     const double full = static_cast<double>(c.layers) * static_cast<double>(T - 1);
     r.kv_fraction += held / full / static_cast<double>(texts.size());
     r.kv_bytes += held * row_bytes / static_cast<double>(texts.size());
+    r.param_bytes += held * param_row_bytes / static_cast<double>(texts.size());
     if (tick) tick();
   }
   if (!prefill) r.prompt_kv_fraction = 0.0;
+  if (format.bits == 32 && !spec) r.nll_fp32 = r.nll();
   r.library_seconds = std::chrono::duration<double>(e.times().library).count();
   r.compress_seconds = std::chrono::duration<double>(e.times().compress).count();
   r.step_seconds = std::chrono::duration<double>(e.times().total).count();
@@ -289,6 +297,7 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
     const policy_spec* spec;
     std::int32_t budget;
     std::vector<std::int32_t> budgets;
+    bool fp32_reference = false;  // the full fp32 cache beside a cache of another format
   };
   std::int32_t longest = 2;
   for (const auto& t : texts) longest = std::max(longest, static_cast<std::int32_t>(t.tokens.size()));
@@ -299,7 +308,7 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
   // skipped before minutes of work, with the library's message.
   std::vector<job> jobs{{nullptr, 0, {}}};
   {
-    engine probe(m, plan ? std::max(longest, plan->prompt) : 2, options.layout);
+    engine probe(m, plan ? std::max(longest, plan->prompt) : 2, options.layout, options.format);
     for (const auto& s : specs)
       for (auto b : budgets) {
         job j{&s, b, allocate_budgets(b, m.config.layers, options.allocator, options.slope, options.persistence)};
@@ -327,6 +336,7 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
         }
         jobs.push_back(std::move(j));
       }
+    if (probe.format().bits != 32) jobs.push_back({nullptr, 0, {}, true});
   }
   std::vector<run_result> results(jobs.size());
   std::atomic<std::size_t> next{0};
@@ -338,7 +348,9 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
       const std::size_t i = next.fetch_add(1);
       if (i >= jobs.size()) return;
       try {
-        run_result r = evaluate_nll(m, texts, jobs[i].spec, jobs[i].budgets, options, how);
+        eval_options job_options = options;
+        if (jobs[i].fp32_reference) job_options.format = kv_format{};
+        run_result r = evaluate_nll(m, texts, jobs[i].spec, jobs[i].budgets, job_options, how);
         std::lock_guard<std::mutex> lock(mu);
         results[i] = std::move(r);
         ++done;
@@ -356,6 +368,13 @@ std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_tex
   worker();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  if (jobs.back().fp32_reference) {
+    const double reference = results.back().nll();
+    results.pop_back();
+    for (auto& r : results) r.nll_fp32 = reference;
+  } else {
+    for (auto& r : results) r.nll_fp32 = results.front().nll();
+  }
   return results;
 }
 

@@ -11,6 +11,7 @@
 #include <scissorhands/kv_view.hpp>
 
 #include "compressor.hpp"
+#include "kv_format.hpp"
 #include "model.hpp"
 
 namespace llama {
@@ -102,12 +103,18 @@ struct run_result {
   std::int64_t predictions = 0;
   std::int64_t tokens_fed = 0;       // tokens through the model (prompt + steps)
   double kv_fraction = 0.0;          // peak K/V tokens held / a full cache's, averaged over texts
-  double kv_bytes = 0.0;             // peak K/V bytes held (all layers, mean over texts)
+  double kv_bytes = 0.0;             // peak K/V bytes held: values or codes (all layers, mean over texts)
+  double param_bytes = 0.0;          // their quantization parameters at that peak (0 for fp32 and bf16)
   double state_bytes = 0.0;          // the library's state buffers (all layers)
+  double state_slot_bytes = 0.0;     // of which per (head, slot): engine::state_slot_bytes
+  std::int32_t kv_bits = 32;         // the stored format (kv_format)
+  std::int32_t kv_group = 0;         // elements per scale (8 and 4 bits)
+  double nll_fp32 = 0.0;             // the full fp32 cache's NLL on the same texts and protocol (evaluate_grid)
   double library_seconds = 0.0;      // observe + compress
   double compress_seconds = 0.0;     // of which compress
   double step_seconds = 0.0;         // whole steps
   double nll() const { return predictions ? nll_sum / static_cast<double>(predictions) : 0.0; }
+  double total_bytes() const { return kv_bytes + param_bytes + state_bytes; }
 };
 
 struct eval_options {
@@ -117,6 +124,7 @@ struct eval_options {
   double slope = 0.5;
   std::vector<double> persistence;  // allocator_kind::persistence: one ratio per layer
   std::int32_t threads = 1;
+  kv_format format;  // how the cache stores K and V (head_dim 0: resolved for the model)
 };
 
 // NLL of every text under one policy and per-layer budgets (spec null: full
@@ -134,7 +142,8 @@ struct skipped_cell {
 };
 
 // The grid: the full cache first, then every policy at every budget, under
-// one protocol. Every cell's budgets and settings are checked by the library
+// one protocol. With a format other than fp32 the full fp32 cache runs too,
+// as the reference every row's nll_fp32 gives (it is not a row). Every cell's budgets and settings are checked by the library
 // before any work: a refusal throws, or with `skipped` given, drops the cell
 // and lists it there. `progress(done, total, last)` is called after each run.
 std::vector<run_result> evaluate_grid(const model& m, const std::vector<eval_text>& texts,

@@ -15,6 +15,8 @@ if(NOT TARGET llama_core)
     ${_llama_dir}/compressor_heads.cpp
     ${_llama_dir}/compressor_layers_mean.cpp
     ${_llama_dir}/compressor_layers_max.cpp
+    ${_llama_dir}/compressor_low_precision.cpp
+    ${_llama_dir}/kv_format.cpp
     ${_llama_dir}/evaluate.cpp
     ${_llama_dir}/persistence.cpp
     ${_llama_dir}/model_path.cpp)

@@ -45,6 +45,8 @@ struct common_options {
   bool require_model = false;
   std::int32_t threads = 0;  // 0: all hardware threads
   std::int32_t context = 0;  // --context: the trained context, overriding the table and the file (0: none)
+  std::int32_t kv_bits = 32;  // --kv-bits: the cache's stored format
+  std::int32_t kv_group = 0;  // --kv-group (0: not given)
 };
 
 struct policy_options {
@@ -132,6 +134,28 @@ void check_granularity_allocator(const std::vector<policy_spec>& specs, const st
                                   "and --allocator " + allocator +
                                   " gives the layers different budgets (use --allocator uniform, or a head or heads "
                                   "granularity)");
+}
+
+// A bf16 or int8/int4 cache runs a few policies (compressor.hpp):
+// the others are refused up front, naming --kv-bits.
+void check_format(const std::vector<policy_spec>& specs, const kv_format& format) {
+  for (const auto& s : specs)
+    if (!runs_on(s, format))
+      throw std::invalid_argument("--kv-bits " + std::to_string(format.bits) + ": policy " + s.label + " (" +
+                                  s.describe() + ") is not built for a cache stored as " + format.name() +
+                                  " (such a cache runs " + low_precision_policies() + "); use --kv-bits 32 for it");
+}
+
+// "8 bytes of codes and 8 of parameters per K or V row of 16 elements (1.00 byte per element, 25.0% of fp32)".
+std::string describe_kv_format(const kv_format& f, const model_config& c) {
+  std::ostringstream o;
+  const double row = static_cast<double>(f.row_bytes() + f.param_row_bytes());
+  o << f.row_bytes() << " bytes of " << (f.quantized() ? "codes" : "values");
+  if (f.quantized()) o << " and " << f.param_row_bytes() << " of parameters";
+  o << " per K or V row of " << c.head_dim << " elements (" << std::fixed << std::setprecision(2)
+    << row / c.head_dim << " bytes per element, " << std::setprecision(1)
+    << 100.0 * row / (4.0 * c.head_dim) << "% of fp32)";
+  return o.str();
 }
 
 allocator_kind allocator_of(const std::string& s) {
@@ -277,12 +301,18 @@ void print_table(std::ostream& out, const std::vector<run_result>& results, cons
   std::size_t w0 = 14;
   for (const auto& l : labels) w0 = std::max(w0, l.size() + 1);
   const int w = 17;
+  const kv_format format{full.kv_bits, full.kv_group, 0};
   out << "\nProtocol " << full.protocol
       << (prefill ? " (prompt of " + std::to_string(full.prompt) + " tokens prefilled and compressed to B, the rest "
                     "teacher-forced with the cache growing)"
                   : " (one token a step, compress at B)")
       << ": mean NLL (nats/token) over " << full.predictions
       << " predictions; in brackets the increase over the full cache (" << fixed(full.nll(), 4) << ")\n";
+  if (format.bits != 32)
+    out << "KV cache stored as " << format.name() << ": the full " << format.name() << " cache's NLL is "
+        << fixed(full.nll(), 4) << ", the full fp32 cache's " << fixed(full.nll_fp32, 4) << " ("
+        << (full.nll() >= full.nll_fp32 ? "+" : "") << fixed(100.0 * (full.nll() - full.nll_fp32) / full.nll_fp32, 2)
+        << "% from storage alone)\n";
   const auto row_label = [&](const std::string& l) { out << std::left << std::setw(static_cast<int>(w0)) << l << std::right; };
   row_label("budget B");
   for (auto b : budgets) out << std::setw(w) << b;
@@ -318,18 +348,54 @@ void print_table(std::ostream& out, const std::vector<run_result>& results, cons
     }
     out << std::setw(w) << fixed(full.nll(), 4) << "\n";
   }
+  // What each cell holds: the K/V values or codes and their parameters at
+  // the peak (the same for every policy at a budget), then per policy the
+  // total with its state buffers.
+  out << "KV memory held (KiB, all layers, peak): K+V " << (format.quantized() ? "codes" : "values") << " as "
+      << format.name()
+      << (format.quantized() ? std::string(", their fp32 scales") + (format.bits == 4 ? " and offsets" : "") : "")
+      << "; per policy the total with the library's state (state in brackets)\n";
+  const auto kib_of = [](double bytes) { return fixed(bytes / 1024.0, 1); };
+  const auto pick = [&](const std::string& l, std::int32_t b) -> const run_result* {
+    const auto it = cell.find({l, b});
+    return it == cell.end() ? nullptr : it->second;
+  };
+  const auto memory_row = [&](const std::string& label, double run_result::*field) {
+    row_label(label);
+    for (auto b : budgets) {
+      const run_result* any = any_at(b);
+      out << std::setw(w) << (any ? kib_of(any->*field) : std::string("-"));
+    }
+    out << std::setw(w) << kib_of(full.*field) << "\n";
+  };
+  memory_row("K+V " + format.name(), &run_result::kv_bytes);
+  if (format.quantized()) memory_row("parameters", &run_result::param_bytes);
+  for (const auto& l : labels) {
+    row_label(l);
+    for (auto b : budgets) {
+      const run_result* r = pick(l, b);
+      out << std::setw(w) << (r ? kib_of(r->total_bytes()) + " (" + kib_of(r->state_bytes) + ")" : std::string("-"));
+    }
+    out << std::setw(w) << kib_of(full.total_bytes()) << "\n";
+  }
 }
 
 // Every protocol's rows, each relative to its own full cache. The columns
 // before `description` are those of earlier versions; `model`, `protocol`,
 // `prompt`, `prompt_kv_fraction` and `budget_fraction` (B / text length)
-// follow it.
+// follow it, then the stored format: `kv_bits`, `kv_group`,
+// `kv_param_kib` (quantization parameters; kv_kib holds the values or
+// codes), `total_kib` (kv_kib + kv_param_kib + state_kib), `nll_fp32`
+// (the full fp32 cache's NLL on the same texts and protocol) and
+// `state_slot_kib` (state_kib less its fixed per-row part and alignment:
+// what the state costs per token at scale).
 void write_csv(const std::string& path, const std::vector<std::vector<run_result>>& protocols,
                const std::string& model_name, std::int32_t length) {
   std::ofstream o(path);
   if (!o) throw std::runtime_error("cannot write CSV '" + path + "'");
   o << "policy,budget,kv_fraction,kv_kib,state_kib,predictions,nll,nll_full,relative_increase,library_s,compress_s,"
-       "step_s,library_fraction,description,model,protocol,prompt,prompt_kv_fraction,budget_fraction\n";
+       "step_s,library_fraction,description,model,protocol,prompt,prompt_kv_fraction,budget_fraction,kv_bits,kv_group,"
+       "kv_param_kib,total_kib,nll_fp32,state_slot_kib\n";
   for (const auto& results : protocols) {
     const double full = results.front().nll();
     for (const auto& r : results) {
@@ -340,7 +406,9 @@ void write_csv(const std::string& path, const std::vector<std::vector<run_result
         << fixed(r.step_seconds > 0 ? r.library_seconds / r.step_seconds : 0.0, 6) << ",\"" << r.description << "\","
         << model_name << "," << r.protocol << "," << r.prompt << ","
         << fixed(r.prompt > 0 ? r.prompt_kv_fraction : 0.0, 6) << ","
-        << fixed(static_cast<double>(r.budget) / length, 6) << "\n";
+        << fixed(static_cast<double>(r.budget) / length, 6) << "," << r.kv_bits << "," << r.kv_group << ","
+        << fixed(r.param_bytes / 1024.0, 3) << "," << fixed(r.total_bytes() / 1024.0, 3) << ","
+        << fixed(r.nll_fp32, 6) << "," << fixed(r.state_slot_bytes / 1024.0, 3) << "\n";
     }
   }
 }
@@ -486,6 +554,13 @@ int main(int argc, char** argv) {
   app.add_flag("--require-model", common.require_model, "exit 77 (CTest: skipped) when no model is found");
   app.add_option("--threads", common.threads, "worker threads for the evaluate grid (0: hardware, at most 8)")
       ->check(CLI::Range(0, 256));
+  app.add_option("--kv-bits", common.kv_bits,
+                 "how the KV cache stores K and V (generate, evaluate): 32 = fp32 (default), 16 = bf16, 8 = int8 "
+                 "codes, 4 = int4 codes (docs/quantization.md); 16, 8 and 4 run " + low_precision_policies());
+  app.add_option("--kv-group", common.kv_group,
+                 "--kv-bits 8 and 4: elements per quantization group (one fp32 scale, and an fp32 offset for int4); must "
+                 "divide head_dim; default min(32, head_dim)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--context", common.context,
                  "the model's trained context in tokens, overriding the known-models table and the file's "
                  "context_length (docs/llama.md: how it is determined)")
@@ -571,12 +646,20 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // --kv-bits is checked before anything loads; --kv-group against the model's head_dim below.
+    resolve_kv_format(common.kv_bits, 0, 32);
+    if (*pe && (common.kv_bits != 32 || common.kv_group != 0))
+      throw std::invalid_argument("--kv-bits and --kv-group apply to generate and evaluate (persistence measures the "
+                                  "model's own fp32 attention)");
     int exit_code = 0;
     auto l = load_model(common, exit_code);
     if (!l) return exit_code;
     const model& m = l->weights;
     const context_info& ctx = l->context;
     describe_model(m, l->path, ctx);
+    const kv_format format = resolve_kv_format(common.kv_bits, common.kv_group, m.config.head_dim);
+    if (format.bits != 32)
+      std::cout << "KV cache stored as " << format.name() << ": " << describe_kv_format(format, m.config) << "\n";
 
     if (*info) {
       if (l->tok) {
@@ -593,13 +676,14 @@ int main(int argc, char** argv) {
       finish_policy_options(gen_opts);
       // The engine never runs past the trained context: a prompt beyond it is
       // refused, and --steps is clamped to what is left of it.
-      engine e(m, ctx.tokens);
+      engine e(m, ctx.tokens, sh::named_layout::nhd, format);
       const bool full = gen_policy == "full";
       policy_spec spec;
       std::vector<std::int32_t> layer_budgets;
       if (!full) {
         spec = parse_policy(gen_policy, gen_opts.overrides);
         check_granularity_allocator({spec}, gen_opts.allocator);
+        check_format({spec}, format);
         const auto ratios = calibrate_persistence(m, gen_opts, text_options{}, std::min(default_length, ctx.tokens));
         layer_budgets =
             allocate_budgets(gen_budget, m.config.layers, allocator_of(gen_opts.allocator), gen_opts.slope, ratios);
@@ -633,11 +717,14 @@ int main(int argc, char** argv) {
       for (std::int32_t layer = 0; layer < m.config.layers; ++layer)
         peak += full ? e.position() : std::min(e.position(), e.capacity(layer));
       const model_config& c = m.config;
-      const double row = 2.0 * c.kv_heads * c.head_dim * sizeof(float);
-      const double full_bytes = row * c.layers * e.position();
+      // K and V of a token in one layer as stored (values or codes and
+      // their parameters); the full cache for comparison is fp32.
+      const double row = 2.0 * c.kv_heads * static_cast<double>(format.row_bytes() + format.param_row_bytes());
+      const double full_bytes = 2.0 * c.kv_heads * c.head_dim * sizeof(float) * c.layers * e.position();
       std::cout << "\n\n" << e.position() << " tokens; KV cache held at most " << kib(row * peak) << " ("
-                << fixed(static_cast<double>(peak) / c.layers, 1) << " tokens per head and layer) against "
-                << kib(full_bytes) << " for the full cache ("
+                << fixed(static_cast<double>(peak) / c.layers, 1) << " tokens per head and layer"
+                << (format.bits != 32 ? ", stored as " + format.name() : std::string()) << ") against "
+                << kib(full_bytes) << " for the full fp32 cache ("
                 << fixed(full_bytes > 0 ? 100.0 * row * peak / full_bytes : 0.0, 1) << "%)";
       if (!full) std::cout << "; library state " << kib(static_cast<double>(e.state_bytes()));
       const auto& tm = e.times();
@@ -650,11 +737,19 @@ int main(int argc, char** argv) {
 
     if (*ev) {
       finish_policy_options(ev_opts);
+      if (format.bits != 32 && ev->count("--policies") == 0) {
+        // The default grid, less the policies a bf16 or int8/int4 cache does not run.
+        std::vector<std::string> kept;
+        for (const auto& p : policies)
+          if (runs_on(parse_policy(p, ev_opts.overrides), format)) kept.push_back(p);
+        policies = kept;
+      }
       {
-        // Specs are parsed (and the granularity checked) before any work.
+        // Specs are parsed (and the granularity and format checked) before any work.
         std::vector<policy_spec> early;
         for (const auto& p : policies) early.push_back(parse_policy(p, ev_opts.overrides));
         check_granularity_allocator(early, ev_opts.allocator);
+        check_format(early, format);
       }
       std::vector<protocol> protocols;
       for (const auto& p : protocol_texts) protocols.push_back(parse_protocol(p));
@@ -687,6 +782,7 @@ int main(int argc, char** argv) {
       o.slope = ev_opts.slope;
       o.persistence = calibrate_persistence(m, ev_opts, ev_texts, longest);
       o.threads = thread_count(common.threads);
+      o.format = format;
       std::cout << "texts: " << what << "\n";
       std::cout << "budgets:";
       for (auto b : budgets) std::cout << " " << b;

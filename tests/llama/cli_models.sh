@@ -69,8 +69,8 @@ csv="$work/both.csv"
   --budgets 16,24,48 --policies h2o streaming --csv "$csv" --plot "$work/both.png" > "$work/both.out" 2>&1
 check "evaluate with both protocols runs" test $? -eq 0
 header=$(head -1 "$csv")
-check "the CSV keeps its columns and adds model and protocol" test "$header" = \
-  "policy,budget,kv_fraction,kv_kib,state_kib,predictions,nll,nll_full,relative_increase,library_s,compress_s,step_s,library_fraction,description,model,protocol,prompt,prompt_kv_fraction,budget_fraction"
+check "the CSV keeps its columns and adds model and protocol, then the KV format's" test "$header" = \
+  "policy,budget,kv_fraction,kv_kib,state_kib,predictions,nll,nll_full,relative_increase,library_s,compress_s,step_s,library_fraction,description,model,protocol,prompt,prompt_kv_fraction,budget_fraction,kv_bits,kv_group,kv_param_kib,total_kib,nll_fp32,state_slot_kib"
 check "every row names the model" test "$(awk -F, 'NR > 1 && $15 != "'"$name"'"' "$csv" | wc -l)" = 0
 for p in decode prefill:48 prefill:48:8; do
   check "rows for $p: full + 2 policies x 3 budgets" test "$(awk -F, -v p="$p" 'NR > 1 && $16 == p' "$csv" | wc -l)" = 7
