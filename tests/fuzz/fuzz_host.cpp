@@ -23,7 +23,10 @@
 // eviction instead (granularity.hpp): the program above with a shared_heads
 // policy (compress checked against one oracle per sequence, by the score
 // combined over the heads), or a shared_layers model of 1-3 layers driven
-// through select, compact and forget (layers_case, below).
+// through select, compact and forget (layers_case, below). Inputs whose
+// first byte is in [161, 177] drive a quantized cache (int8 / int4 codes
+// with group parameters) and its float twin through the same calls
+// (quant_case, fuzz_quantized.hpp).
 // When the harness built a call from clean parts it knows the call is valid,
 // and a refusal is a bug; when a part is invalid whatever else holds (a bad
 // row, a short output, a length above the state's capacity, ...) an
@@ -40,9 +43,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
+#include <map>
 #include <new>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -4042,6 +4048,9 @@ void run_policy(byte_source& src, bool paged) {
   }
 }
 
+// Quantized caches: a first byte in [161, 177] (quant_case).
+#include "fuzz_quantized.hpp"
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -4072,6 +4081,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             sh::shared_layers<sh::mean_score, sh::max_score>>>(src, paged);
         break;
       default: run_layers<sh::with_granularity<sh::key_norm_policy, sh::shared_layers<sh::max_score, sh::max_score>>>(src, paged); break;
+    }
+    return 0;
+  }
+  // Quantized caches (fuzz_quantized.hpp): a first byte in [161, 177],
+  // another range no committed input started with. The next byte picks the
+  // policy, the one after it paged or not.
+  if (size > 0 && data[0] >= 161 && data[0] <= 177) {
+    src.byte();
+    const int policy = static_cast<int>(src.in(0, 7));
+    const bool paged = src.flag();
+    FUZZ_TRACE("quantized mode: policy %d paged %d\n", policy, int(paged));
+    switch (policy) {
+      case 0: run_quantized<sh::scissorhands_policy>(src, paged); break;
+      case 1: run_quantized<sh::h2o_policy>(src, paged); break;
+      case 2: run_quantized<sh::key_norm_policy>(src, paged); break;
+      case 3: run_quantized<sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>>(src, paged); break;
+      case 4: run_quantized<sh::with_granularity<sh::scissorhands_policy, sh::shared_heads<sh::mean_score>>>(src, paged); break;
+      case 5: run_quantized<sh::streaming_policy>(src, paged); break;
+      case 6:
+        run_quantized<sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>(src, paged);
+        break;
+      default: run_quantized<sh::key_norm_policy>(src, paged); break;
     }
     return 0;
   }
