@@ -141,21 +141,33 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
         });
       } else {
         const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
-        std::int32_t count = 0;
         const std::int64_t row = state.row_index(r, h, 0);
-        for (std::int32_t t = 0; t < len; ++t) {
-          const std::int64_t i = row + t;
-          if (is_protected(policy, state, r, i)) continue;
-          scratch.candidates[count++] = {
-              scissorhands::detail::eviction_key(
-                  scissorhands::detail::pooled_eviction_score(state.scores + row, state.observed + row, t, len, cfg,
-                                                              evicts_highest<typename Policy::observation>),
-                  state.positions[i]),
-              t};
-        }
-        smallest_first(scratch.candidates, count, evict);
+        const auto key_of = [&](std::int32_t t) {
+          return scissorhands::detail::eviction_key(
+              scissorhands::detail::pooled_eviction_score(state.scores + row, state.observed + row, t, len, cfg,
+                                                          evicts_highest<typename Policy::observation>),
+              state.positions[row + t]);
+        };
         std::memset(scratch.evicted, 0, static_cast<std::size_t>(len));
-        for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+        if (evict == 1) {
+          // One victim (m = 1 at the budget, the decode-time case): the
+          // smallest key in the same pass, no candidate list. Keys are
+          // unique and an unprotected token exists (both checked).
+          std::uint64_t best = 0;
+          std::int32_t victim = -1;
+          for (std::int32_t t = 0; t < len; ++t) {
+            if (is_protected(policy, state, r, row + t)) continue;
+            const std::uint64_t key = key_of(t);
+            if (victim < 0 || key < best) best = key, victim = t;
+          }
+          scratch.evicted[victim] = 1;
+        } else {
+          std::int32_t count = 0;
+          for (std::int32_t t = 0; t < len; ++t)
+            if (!is_protected(policy, state, r, row + t)) scratch.candidates[count++] = {key_of(t), t};
+          smallest_first(scratch.candidates, count, evict);
+          for (std::int32_t k = 0; k < evict; ++k) scratch.evicted[scratch.candidates[k].slot] = 1;
+        }
         for_each_move(scratch.evicted, len, kept, cfg.compaction_mode,
                       [&](std::int32_t from, std::int32_t to) { move_token(cache, state, b, h, from, to); });
       }
