@@ -74,19 +74,7 @@ bash scripts/setup.sh
 
 source scripts/build_llama.sh  # sets bin, creates results/
 
-if [ -n "${SCISSORHANDS_MODEL:-}" ]; then
-  models=("$SCISSORHANDS_MODEL")
-else
-  dir=${SCISSORHANDS_MODELS_DIR:-../shared/models}
-  models=()
-  for name in stories260K tinystories656k babyllama105; do
-    if [ -f "$dir/$name.gguf" ]; then
-      models+=("$dir/$name.gguf")
-    else
-      echo "granularity.sh: $dir/$name.gguf not found; skipping it (../shared/models/README.md lists the models)" >&2
-    fi
-  done
-fi
+find_models granularity.sh
 [ ${#models[@]} -gt 0 ] || { echo "granularity.sh: no model found" >&2; exit 1; }
 
 # Labels are preset/granularity (e.g. scissorhands/layers-max); plain

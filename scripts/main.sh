@@ -24,19 +24,7 @@ bash scripts/setup.sh
 
 source scripts/build_llama.sh  # sets bin, creates results/
 
-if [ -n "${SCISSORHANDS_MODEL:-}" ]; then
-  models=("$SCISSORHANDS_MODEL")
-else
-  dir=${SCISSORHANDS_MODELS_DIR:-../shared/models}
-  models=()
-  for name in stories260K tinystories656k babyllama105; do
-    if [ -f "$dir/$name.gguf" ]; then
-      models+=("$dir/$name.gguf")
-    else
-      echo "main.sh: $dir/$name.gguf not found; skipping it (../shared/models/README.md lists the models)" >&2
-    fi
-  done
-fi
+find_models main.sh
 if [ ${#models[@]} -eq 0 ]; then
   # No model at all: the CLI explains how to get one and runs its synthetic demo.
   "$bin" evaluate --csv results/llama_nll.csv --plot results/llama_nll.png "$@"

@@ -52,19 +52,7 @@ read -r -a policies <<< "${QUANT_POLICIES:-scissorhands}"
 read -r -a bit_list <<< "${QUANT_BITS:-32 16 8 4}"
 threads=$(nproc)
 
-if [ -n "${SCISSORHANDS_MODEL:-}" ]; then
-  models=("$SCISSORHANDS_MODEL")
-else
-  dir=${SCISSORHANDS_MODELS_DIR:-../shared/models}
-  models=()
-  for name in stories260K tinystories656k babyllama105; do
-    if [ -f "$dir/$name.gguf" ]; then
-      models+=("$dir/$name.gguf")
-    else
-      echo "quantization.sh: $dir/$name.gguf not found; skipping it (../shared/models/README.md lists the models)" >&2
-    fi
-  done
-fi
+find_models quantization.sh
 [ ${#models[@]} -gt 0 ] || { echo "quantization.sh: no model found" >&2; exit 1; }
 
 start=$SECONDS
