@@ -240,6 +240,16 @@ quantized_paged_view<Space> make_quantized_paged_kv_view(
           k_params, v_params, params, params, quantization};
 }
 
+// Bytes of one stored K (or V) row: head_dim elements, or a quantized
+// row's packed codes (its parameters are a row of their own).
+template <class View>
+constexpr std::int32_t stored_row_bytes(const View& cache) {
+  if constexpr (is_quantized_view_v<View>)
+    return cache.code_row_bytes();
+  else
+    return cache.head_dim * static_cast<std::int32_t>(sizeof(typename View::element_type));
+}
+
 namespace detail {
 
 // The format against head_dim: whole groups, whole bytes.

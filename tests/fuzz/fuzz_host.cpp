@@ -491,6 +491,25 @@ std::vector<std::int32_t> shrink_and_check(const table_spans& t) {
              "shrink_page_table wrote released entries past the count it returned");
   return want.released;
 }
+// The engine applies new lengths (they only shrink) to its FlashInfer
+// table: shrink_page_table on a table the harness knows valid, checked,
+// the released pages back to the pool. `who` names the caller in a failure.
+void apply_page_lengths(std::vector<std::int32_t>& indptr, std::vector<std::int32_t>& indices,
+                        std::vector<std::int32_t>& last_page_len, std::int32_t page_size,
+                        const std::vector<std::int32_t>& lengths, std::vector<std::int32_t>& free_pages,
+                        const char* who) {
+  std::vector<std::int32_t> released(indices.size() + 1, -1);
+  const table_spans t{{indptr.data(), indptr.size()},
+                      {indices.data(), indices.size()},
+                      {last_page_len.data(), last_page_len.size()},
+                      page_size,
+                      {lengths.data(), lengths.size()},
+                      {released.data(), released.size()}};
+  FUZZ_CHECK(shrink_valid(t), std::string(who) + ": the harness built an invalid page-table update");
+  const std::vector<std::int32_t> gone = shrink_and_check(t);
+  indices.resize(static_cast<std::size_t>(indptr.back()));
+  free_pages.insert(free_pages.end(), gone.begin(), gone.end());
+}
 
 // What the harness knows about a call before making it.
 enum class expect { ok, unknown, refuse };
@@ -999,17 +1018,8 @@ class fuzz_case {
   // shrink_page_table (lengths may only shrink), its pages back to the pool.
   void apply_lengths(const std::vector<std::int32_t>& lengths) {
     if constexpr (Paged) {
-      std::vector<std::int32_t> released(cache_.indices.size() + 1, -1);
-      const table_spans t{{cache_.indptr.data(), cache_.indptr.size()},
-                          {cache_.indices.data(), cache_.indices.size()},
-                          {cache_.last_page_len.data(), cache_.last_page_len.size()},
-                          cache_.page_size,
-                          {lengths.data(), lengths.size()},
-                          {released.data(), released.size()}};
-      FUZZ_CHECK(shrink_valid(t), "apply_lengths: the harness built an invalid page-table update");
-      const std::vector<std::int32_t> gone = shrink_and_check(t);
-      cache_.indices.resize(static_cast<std::size_t>(cache_.indptr.back()));
-      cache_.free_pages.insert(cache_.free_pages.end(), gone.begin(), gone.end());
+      apply_page_lengths(cache_.indptr, cache_.indices, cache_.last_page_len, cache_.page_size, lengths,
+                         cache_.free_pages, "apply_lengths");
     } else {
       cache_.lengths = lengths;
     }
@@ -2605,17 +2615,7 @@ class layers_case {
   // the released pages back to the pool.
   void apply_lengths(const std::vector<std::int32_t>& lengths) {
     if constexpr (Paged) {
-      std::vector<std::int32_t> released(indices_.size() + 1, -1);
-      const table_spans t{{indptr_.data(), indptr_.size()},
-                          {indices_.data(), indices_.size()},
-                          {last_page_len_.data(), last_page_len_.size()},
-                          page_size_,
-                          {lengths.data(), lengths.size()},
-                          {released.data(), released.size()}};
-      FUZZ_CHECK(shrink_valid(t), "layers: the harness built an invalid page-table update");
-      const std::vector<std::int32_t> gone = shrink_and_check(t);
-      indices_.resize(static_cast<std::size_t>(indptr_.back()));
-      free_pages_.insert(free_pages_.end(), gone.begin(), gone.end());
+      apply_page_lengths(indptr_, indices_, last_page_len_, page_size_, lengths, free_pages_, "layers");
     } else {
       lengths_ = lengths;
     }

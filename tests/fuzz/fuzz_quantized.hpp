@@ -437,17 +437,8 @@ class quant_case {
   // paged, through shrink_page_table, the pages back to the pool.
   void apply_lengths(const std::vector<std::int32_t>& lengths) {
     if constexpr (Paged) {
-      std::vector<std::int32_t> released(indices_.size() + 1, -1);
-      const table_spans t{{indptr_.data(), indptr_.size()},
-                          {indices_.data(), indices_.size()},
-                          {last_page_len_.data(), last_page_len_.size()},
-                          page_size_,
-                          {lengths.data(), lengths.size()},
-                          {released.data(), released.size()}};
-      FUZZ_CHECK(shrink_valid(t), "quantized apply_lengths: the harness built an invalid page-table update");
-      const std::vector<std::int32_t> gone = shrink_and_check(t);
-      indices_.resize(static_cast<std::size_t>(indptr_.back()));
-      free_pages_.insert(free_pages_.end(), gone.begin(), gone.end());
+      apply_page_lengths(indptr_, indices_, last_page_len_, page_size_, lengths, free_pages_,
+                         "quantized apply_lengths");
     } else {
       lengths_ = lengths;
     }

@@ -204,14 +204,6 @@ inline const float* key_as_float(const View& cache, std::int32_t b, std::int32_t
     }
   }
 }
-// Bytes of a K row in memory (what a prefetch covers).
-template <class View>
-inline std::int32_t key_row_bytes(const View& cache) {
-  if constexpr (is_quantized_view_v<View>)
-    return cache.code_row_bytes();
-  else
-    return cache.head_dim * static_cast<std::int32_t>(sizeof(typename View::element_type));
-}
 
 // A quantized cache's K parameters of slots [first(b), len) of every
 // sequence b must be finite before a call reads them: a NaN scale would
@@ -415,7 +407,7 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
   float kf[key_scratch_floats];
   float z[max_group_size * tile];
   float norm[max_group_size];
-  const std::int32_t row_bytes = key_row_bytes(cache);
+  const std::int32_t row_bytes = stored_row_bytes(cache);
   // Logits of tokens [t0, t0 + n) into z[g * tile + u], minus `shift[g]`.
   // A head's consecutive keys are a page or more apart in NHD and paged
   // layouts, where the hardware prefetchers stop: the next tile's rows are

@@ -128,45 +128,42 @@ sequence_table make_sequence_table(const paged_kv_view<T, memory_space::device>&
   return s;
 }
 
-// Rows in units of U: U = T (kernels that read elements) or U = std::byte
-// (compaction, which only moves bytes).
-template <class U, class T>
-row_table<U> make_row_table(const kv_view<T, memory_space::device>& view) {
-  static_assert(std::is_same_v<U, T> || std::is_same_v<U, std::byte>);
-  constexpr std::int64_t scale = std::is_same_v<U, T> ? 1 : static_cast<std::int64_t>(sizeof(T));
+// Rows of K and V (or of a quantized cache's K and V parameters) of
+// element type E, over a view's sequence table, in units of U: U = E
+// (kernels that read elements) or U = std::byte (compaction, which only
+// moves bytes).
+template <class U, class E, class Layout, class View>
+row_table<U> rows_of(E* k, E* v, const Layout& kl, const Layout& vl, const View& view) {
+  static_assert(std::is_same_v<U, E> || std::is_same_v<U, std::byte>);
+  constexpr std::int64_t scale = std::is_same_v<U, E> ? 1 : static_cast<std::int64_t>(sizeof(E));
   row_table<U> r;
-  r.k = reinterpret_cast<U*>(view.k.data());
-  r.v = reinterpret_cast<U*>(view.v.data());
-  const kv_layout kl = view.k_layout, vl = view.v_layout;
-  r.k_stride[0] = kl.sequence_stride * scale;
+  r.k = reinterpret_cast<U*>(k);
+  r.v = reinterpret_cast<U*>(v);
+  if constexpr (std::is_same_v<Layout, paged_layout>) {
+    r.k_stride[0] = kl.page_stride * scale;
+    r.v_stride[0] = vl.page_stride * scale;
+    r.indptr = view.indptr.data();
+    r.indices = view.indices.data();
+    r.page_size = view.page_size;
+    r.paged = true;
+  } else {
+    r.k_stride[0] = kl.sequence_stride * scale;
+    r.v_stride[0] = vl.sequence_stride * scale;
+    r.paged = false;
+  }
   r.k_stride[1] = kl.head_stride * scale;
   r.k_stride[2] = kl.token_stride * scale;
-  r.v_stride[0] = vl.sequence_stride * scale;
   r.v_stride[1] = vl.head_stride * scale;
   r.v_stride[2] = vl.token_stride * scale;
-  r.paged = false;
   return r;
 }
-
+template <class U, class T>
+row_table<U> make_row_table(const kv_view<T, memory_space::device>& view) {
+  return rows_of<U>(view.k.data(), view.v.data(), view.k_layout, view.v_layout, view);
+}
 template <class U, class T>
 row_table<U> make_row_table(const paged_kv_view<T, memory_space::device>& view) {
-  static_assert(std::is_same_v<U, T> || std::is_same_v<U, std::byte>);
-  constexpr std::int64_t scale = std::is_same_v<U, T> ? 1 : static_cast<std::int64_t>(sizeof(T));
-  row_table<U> r;
-  r.k = reinterpret_cast<U*>(view.k_pages.data());
-  r.v = reinterpret_cast<U*>(view.v_pages.data());
-  const paged_layout kl = view.k_layout, vl = view.v_layout;
-  r.k_stride[0] = kl.page_stride * scale;
-  r.k_stride[1] = kl.head_stride * scale;
-  r.k_stride[2] = kl.token_stride * scale;
-  r.v_stride[0] = vl.page_stride * scale;
-  r.v_stride[1] = vl.head_stride * scale;
-  r.v_stride[2] = vl.token_stride * scale;
-  r.indptr = view.indptr.data();
-  r.indices = view.indices.data();
-  r.page_size = view.page_size;
-  r.paged = true;
-  return r;
+  return rows_of<U>(view.k_pages.data(), view.v_pages.data(), view.k_layout, view.v_layout, view);
 }
 
 // Largest power of two <= 16 dividing the address of every row of the table
@@ -188,28 +185,7 @@ int row_alignment(const row_table<T>& r, std::int32_t row_elements, bool include
 // the codes' sequence table and have layouts of their own.
 template <class U, class Codes>
 row_table<U> make_params_table(const quantized_kv_view<Codes>& view) {
-  static_assert(std::is_same_v<U, float> || std::is_same_v<U, std::byte>);
-  constexpr std::int64_t scale = std::is_same_v<U, float> ? 1 : static_cast<std::int64_t>(sizeof(float));
-  row_table<U> r;
-  r.k = reinterpret_cast<U*>(view.k_params.data());
-  r.v = reinterpret_cast<U*>(view.v_params.data());
-  const auto kl = view.k_params_layout, vl = view.v_params_layout;
-  if constexpr (quantized_kv_view<Codes>::paged) {
-    r.k_stride[0] = kl.page_stride * scale;
-    r.v_stride[0] = vl.page_stride * scale;
-    r.indptr = view.indptr.data();
-    r.indices = view.indices.data();
-    r.page_size = view.page_size;
-    r.paged = true;
-  } else {
-    r.k_stride[0] = kl.sequence_stride * scale;
-    r.v_stride[0] = vl.sequence_stride * scale;
-  }
-  r.k_stride[1] = kl.head_stride * scale;
-  r.k_stride[2] = kl.token_stride * scale;
-  r.v_stride[1] = vl.head_stride * scale;
-  r.v_stride[2] = vl.token_stride * scale;
-  return r;
+  return rows_of<U>(view.k_params.data(), view.v_params.data(), view.k_params_layout, view.v_params_layout, view);
 }
 
 // A quantized cache's rows as the observe kernels read K: the codes (byte
@@ -244,16 +220,6 @@ quantized_rows make_key_rows(const quantized_kv_view<Codes>& view) {
   q.params = make_params_table<float>(view);
   q.quantization = view.quantization;
   return q;
-}
-
-// Bytes of one K (or V) row in memory: head_dim elements, or a quantized
-// row's packed codes.
-template <class View>
-std::int32_t data_row_bytes(const View& cache) {
-  if constexpr (is_quantized_view_v<View>)
-    return cache.code_row_bytes();
-  else
-    return cache.head_dim * static_cast<std::int32_t>(sizeof(typename View::element_type));
 }
 
 // Whether the K rows the observe kernels read take 16-byte loads.
@@ -291,7 +257,7 @@ row_planes make_row_planes(const View& cache) {
     p.add(make_row_table<std::byte>(cache.codes()), cache.code_row_bytes());
     p.add(make_params_table<std::byte>(cache), cache.params_per_row() * static_cast<std::int32_t>(sizeof(float)));
   } else {
-    p.add(make_row_table<std::byte>(cache), data_row_bytes(cache));
+    p.add(make_row_table<std::byte>(cache), stored_row_bytes(cache));
   }
   return p;
 }

@@ -107,18 +107,13 @@ inline void move_state(const eviction_state<memory_space::host>& state, std::int
 template <class View>
 inline void move_token(const View& cache, const eviction_state<memory_space::host>& state, std::int32_t b,
                        std::int32_t h, std::int32_t from, std::int32_t to) {
+  const auto row = static_cast<std::size_t>(stored_row_bytes(cache));
+  std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
+  std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
   if constexpr (is_quantized_view_v<View>) {
-    const auto codes = static_cast<std::size_t>(cache.code_row_bytes());
-    std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), codes);
-    std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), codes);
     const std::size_t params = sizeof(float) * static_cast<std::size_t>(cache.params_per_row());
     std::memcpy(cache.k_params_row(b, h, to), cache.k_params_row(b, h, from), params);
     std::memcpy(cache.v_params_row(b, h, to), cache.v_params_row(b, h, from), params);
-  } else {
-    using T = typename View::element_type;
-    const std::size_t row = sizeof(T) * static_cast<std::size_t>(cache.head_dim);
-    std::memcpy(cache.k_row(b, h, to), cache.k_row(b, h, from), row);
-    std::memcpy(cache.v_row(b, h, to), cache.v_row(b, h, from), row);
   }
   move_state(state, state.row(b), h, from, to);
 }
