@@ -11,7 +11,11 @@
 // do not depend on the probabilities and must match exactly.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "support.hpp"
@@ -187,5 +191,43 @@ TEST_CASE("observe_queries matches observe_probabilities: paged cache", "[observ
     paged_cache cache(3, 2, 16, page_size, 24, sh::paged_layout::nhd(page_size, 2, 16),
                       sh::paged_layout::hnd(page_size, 2, 16), 8);
     compare_with_probabilities<mass_mean>(cache, 4, moderate);
+  }
+}
+
+TEST_CASE("the blocked path's four-query dot products equal dot_lanes", "[observe_queries]") {
+  // dot_lanes_4<Keys> promises dot_lanes' sums in dot_lanes' order: bit for
+  // bit where no multiply-add can be contracted to fma (the default x86-64
+  // build), a rounding or two apart where the compiler may contract either.
+  // The head_dims cover no full chunk of eight, tails, and whole chunks.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  for (std::int32_t d : {1, 5, 8, 13, 16, 24, 64, 127, 128, 136}) {
+    INFO("head_dim " << d);
+    std::vector<float> a(static_cast<std::size_t>(4 * d)), b0(static_cast<std::size_t>(d)), b1(b0.size());
+    for (auto* v : {&a, &b0, &b1})
+      for (float& x : *v) x = value(rng);
+    b1[0] = -0.0f;
+    const float* keys[2] = {b0.data(), b1.data()};
+    float two[8], one[4];
+    sh::host::detail::dot_lanes_4<2>(a.data(), keys, d, two);
+    sh::host::detail::dot_lanes_4<1>(a.data(), keys + 1, d, one);
+    for (std::int32_t n = 0; n < 4; ++n) {
+      const float* row = a.data() + static_cast<std::ptrdiff_t>(n) * d;
+      const float r0 = sh::host::detail::dot_lanes(row, b0.data(), d);
+      const float r1 = sh::host::detail::dot_lanes(row, b1.data(), d);
+#if defined(__FMA__) || defined(__aarch64__)
+      // Contraction may differ: the magnitude sum bounds a rounding's size.
+      double magnitude = 0.0;
+      for (std::int32_t x = 0; x < d; ++x) magnitude += std::fabs(double{row[x]}) * 3.0;
+      const double tolerance = 4.0 * magnitude * std::numeric_limits<float>::epsilon();
+      CHECK(std::fabs(double{two[n]} - r0) <= tolerance);
+      CHECK(std::fabs(double{two[4 + n]} - r1) <= tolerance);
+      CHECK(std::fabs(double{one[n]} - r1) <= tolerance);
+#else
+      CHECK(std::bit_cast<std::uint32_t>(two[n]) == std::bit_cast<std::uint32_t>(r0));
+      CHECK(std::bit_cast<std::uint32_t>(two[4 + n]) == std::bit_cast<std::uint32_t>(r1));
+      CHECK(std::bit_cast<std::uint32_t>(one[n]) == std::bit_cast<std::uint32_t>(r1));
+#endif
+    }
   }
 }

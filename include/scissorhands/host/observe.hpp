@@ -98,21 +98,102 @@ inline float dot_lanes(const float* __restrict a, const float* __restrict b, std
   return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }
 
-// dot_lanes of four rows of `a` (d floats apart) with one b, bit for bit,
-// in one pass over b: each chunk of b is loaded once for the four rows, and
-// the 4 x 8 partial sums are independent chains, so the adds overlap
-// instead of waiting on each other's latency. Written with GCC/Clang
-// vector types, since the auto-vectoriser spills or shuffles this shape;
-// elsewhere four dot_lanes.
-#if defined(__GNUC__) || defined(__clang__)
+// dot_lanes of four rows of `a` (d floats apart) with each of `Keys` rows
+// b[k]: out[4 * k + n] = dot_lanes(a row n, b[k]), the same products summed
+// in the same order (bit for bit on an ISA without FMA; with one, the
+// compiler may contract the two functions' multiply-adds differently).
+// keys_at_a_time is what the ISA's registers hold: with AVX, two keys, so
+// each chunk of a row of `a` is loaded once for both and each chunk of a
+// key once for the four rows (six loads per eight multiply-adds, which
+// then set the pace), the lanes reduced a transpose at a time; with SSE
+// one. Written with GCC/Clang vector types, since the auto-vectoriser
+// spills or shuffles this shape; elsewhere dot_lanes per pair.
+#if defined(__AVX__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+using lanes8 = float __attribute__((vector_size(32)));
+using lanes4 = float __attribute__((vector_size(16)));
+// Vectors of 8 pass by reference: by value, a 32-byte vector changes the
+// calling convention between AVX and non-AVX translation units (-Wpsabi).
+inline void load_lanes8(lanes8& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+// ((c0 + c4) + (c1 + c5)) + ((c2 + c6) + (c3 + c7)) of four lane sets,
+// one per result lane (dot_lanes' order).
+inline lanes4 reduce_lanes_4(const lanes8& s0, const lanes8& s1, const lanes8& s2, const lanes8& s3) {
+  const lanes8 t01 = __builtin_shufflevector(s0, s1, 0, 8, 1, 9, 4, 12, 5, 13);   // a0 b0 a1 b1 | a4 b4 a5 b5
+  const lanes8 t23 = __builtin_shufflevector(s0, s1, 2, 10, 3, 11, 6, 14, 7, 15);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  const lanes8 u01 = __builtin_shufflevector(s2, s3, 0, 8, 1, 9, 4, 12, 5, 13);
+  const lanes8 u23 = __builtin_shufflevector(s2, s3, 2, 10, 3, 11, 6, 14, 7, 15);
+  const lanes8 c0 = __builtin_shufflevector(t01, u01, 0, 1, 8, 9, 4, 5, 12, 13);  // lane 0 | lane 4 of each set
+  const lanes8 c1 = __builtin_shufflevector(t01, u01, 2, 3, 10, 11, 6, 7, 14, 15);
+  const lanes8 c2 = __builtin_shufflevector(t23, u23, 0, 1, 8, 9, 4, 5, 12, 13);
+  const lanes8 c3 = __builtin_shufflevector(t23, u23, 2, 3, 10, 11, 6, 7, 14, 15);
+  const auto pair = [](const lanes8& c) {
+    return __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
+  };
+  return (pair(c0) + pair(c1)) + (pair(c2) + pair(c3));
+}
+// Two keys: sixteen vector registers of eight floats.
+inline constexpr std::int32_t keys_at_a_time = 2;
+template <std::int32_t Keys>
+inline void dot_lanes_4(const float* __restrict a, const float* const* b, std::int32_t d, float* __restrict out) {
+  static_assert(Keys == 1 || Keys == 2, "one or two keys at a time (sixteen vector registers)");
+  const float* a0 = a;
+  const float* a1 = a0 + d;
+  const float* a2 = a1 + d;
+  const float* a3 = a2 + d;
+  const float* b0 = b[0];
+  const float* b1 = b[Keys - 1];
+  // Named accumulators, not an array: an array is zeroed in memory first.
+  lanes8 s00 = {}, s01 = {}, s02 = {}, s03 = {}, s10 = {}, s11 = {}, s12 = {}, s13 = {};
+  std::int32_t x = 0;
+  for (; x + 8 <= d; x += 8) {
+    lanes8 q0, q1, q2, q3, k0;
+    load_lanes8(q0, a0 + x);
+    load_lanes8(q1, a1 + x);
+    load_lanes8(q2, a2 + x);
+    load_lanes8(q3, a3 + x);
+    load_lanes8(k0, b0 + x);
+    s00 += q0 * k0;
+    s01 += q1 * k0;
+    s02 += q2 * k0;
+    s03 += q3 * k0;
+    if constexpr (Keys == 2) {
+      lanes8 k1;
+      load_lanes8(k1, b1 + x);
+      s10 += q0 * k1;
+      s11 += q1 * k1;
+      s12 += q2 * k1;
+      s13 += q3 * k1;
+    }
+  }
+  const auto finish = [&](const float* bk, const lanes8& t0, const lanes8& t1, const lanes8& t2, const lanes8& t3,
+                          float* o) {
+    // Scalar tails, as in dot_lanes: the compiler contracts them to fma
+    // alike (a vector's element updates it may not).
+    float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
+    for (std::int32_t y = x; y < d; ++y) {
+      r0 += a0[y] * bk[y];
+      r1 += a1[y] * bk[y];
+      r2 += a2[y] * bk[y];
+      r3 += a3[y] * bk[y];
+    }
+    const lanes4 tail = {r0, r1, r2, r3};
+    const lanes4 sum = reduce_lanes_4(t0, t1, t2, t3) + tail;
+    std::memcpy(o, &sum, sizeof sum);
+  };
+  finish(b0, s00, s01, s02, s03, out);
+  if constexpr (Keys == 2) finish(b1, s10, s11, s12, s13, out + 4);
+}
+#elif defined(__GNUC__) || defined(__clang__)
+// 16-byte vectors (SSE): eight floats take two registers, so one key at a
+// time (two would need 32) and the lanes reduced per row.
+inline constexpr std::int32_t keys_at_a_time = 1;
 using lanes4 = float __attribute__((vector_size(16)));
 inline lanes4 load_lanes4(const float* p) {
   lanes4 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void dot_lanes_4(const float* __restrict a, const float* __restrict b, std::int32_t d,
-                        float* __restrict out) {
+inline void dot_lanes_4_one(const float* __restrict a, const float* __restrict k, std::int32_t d,
+                            float* __restrict out) {
   const float* a0 = a;
   const float* a1 = a0 + d;
   const float* a2 = a1 + d;
@@ -121,20 +202,20 @@ inline void dot_lanes_4(const float* __restrict a, const float* __restrict b, st
   lanes4 lo0 = {}, hi0 = {}, lo1 = {}, hi1 = {}, lo2 = {}, hi2 = {}, lo3 = {}, hi3 = {};
   std::int32_t x = 0;
   for (; x + 8 <= d; x += 8) {
-    const lanes4 bl = load_lanes4(b + x), bh = load_lanes4(b + x + 4);
-    lo0 += load_lanes4(a0 + x) * bl;
-    hi0 += load_lanes4(a0 + x + 4) * bh;
-    lo1 += load_lanes4(a1 + x) * bl;
-    hi1 += load_lanes4(a1 + x + 4) * bh;
-    lo2 += load_lanes4(a2 + x) * bl;
-    hi2 += load_lanes4(a2 + x + 4) * bh;
-    lo3 += load_lanes4(a3 + x) * bl;
-    hi3 += load_lanes4(a3 + x + 4) * bh;
+    const lanes4 kl = load_lanes4(k + x), kh = load_lanes4(k + x + 4);
+    lo0 += load_lanes4(a0 + x) * kl;
+    hi0 += load_lanes4(a0 + x + 4) * kh;
+    lo1 += load_lanes4(a1 + x) * kl;
+    hi1 += load_lanes4(a1 + x + 4) * kh;
+    lo2 += load_lanes4(a2 + x) * kl;
+    hi2 += load_lanes4(a2 + x + 4) * kh;
+    lo3 += load_lanes4(a3 + x) * kl;
+    hi3 += load_lanes4(a3 + x + 4) * kh;
   }
   const auto finish = [&](lanes4 lo, lanes4 hi, const float* row) {
     const lanes4 pair = lo + hi;  // (c0 + c4), (c1 + c5), (c2 + c6), (c3 + c7)
     float tail = 0.0f;
-    for (std::int32_t y = x; y < d; ++y) tail += row[y] * b[y];
+    for (std::int32_t y = x; y < d; ++y) tail += row[y] * k[y];
     return ((pair[0] + pair[1]) + (pair[2] + pair[3])) + tail;
   };
   out[0] = finish(lo0, hi0, a0);
@@ -142,9 +223,16 @@ inline void dot_lanes_4(const float* __restrict a, const float* __restrict b, st
   out[2] = finish(lo2, hi2, a2);
   out[3] = finish(lo3, hi3, a3);
 }
+template <std::int32_t Keys>
+inline void dot_lanes_4(const float* a, const float* const* b, std::int32_t d, float* out) {
+  for (std::int32_t k = 0; k < Keys; ++k) dot_lanes_4_one(a, b[k], d, out + 4 * k);
+}
 #else
-inline void dot_lanes_4(const float* a, const float* b, std::int32_t d, float* out) {
-  for (std::int32_t n = 0; n < 4; ++n) out[n] = dot_lanes(a + static_cast<std::ptrdiff_t>(n) * d, b, d);
+inline constexpr std::int32_t keys_at_a_time = 1;
+template <std::int32_t Keys>
+inline void dot_lanes_4(const float* a, const float* const* b, std::int32_t d, float* out) {
+  for (std::int32_t k = 0; k < Keys; ++k)
+    for (std::int32_t n = 0; n < 4; ++n) out[4 * k + n] = dot_lanes(a + static_cast<std::ptrdiff_t>(n) * d, b[k], d);
 }
 #endif
 
@@ -404,7 +492,7 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
   const std::int32_t d = cache.head_dim;
   const std::int32_t group = queries.q_heads / cache.kv_heads;
   float qf[query_scratch_floats];
-  float kf[key_scratch_floats];
+  float kf[2][key_scratch_floats];
   float z[max_group_size * tile];
   float norm[max_group_size];
   const std::int32_t row_bytes = stored_row_bytes(cache);
@@ -414,17 +502,30 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
   // prefetched by hand while this tile computes.
   const auto tile_logits = [&](std::int32_t b, std::int32_t h, std::int32_t t0, std::int32_t n, const float* shift) {
     const std::int32_t len = cache.length(b);
-    for (std::int32_t u = 0; u < n; ++u) {
-      // One row a tile ahead per row computed: a steady stream of misses.
-      if (t0 + u + tile < len) prefetch_row(cache.k_row(b, h, t0 + u + tile), row_bytes);
-      const float* kp = key_as_float(cache, b, h, t0 + u, kf);
-      // Four query heads at a time share each load of the key row.
-      float dots[max_group_size];
+    // Keys = 2 keys at a time (Keys = 1 for an odd last one), four query
+    // heads at a time against them.
+    const auto keys = [&]<std::int32_t Keys>(std::int32_t u) {
+      const float* kp[Keys];
+      for (std::int32_t k = 0; k < Keys; ++k) {
+        // One row a tile ahead per row computed: a steady stream of misses.
+        if (t0 + u + k + tile < len) prefetch_row(cache.k_row(b, h, t0 + u + k + tile), row_bytes);
+        kp[k] = key_as_float(cache, b, h, t0 + u + k, kf[k]);
+      }
+      float dots[4 * Keys];
       std::int32_t g = 0;
-      for (; g + 4 <= group; g += 4) dot_lanes_4(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d, dots + g);
-      for (; g < group; ++g) dots[g] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d);
-      for (g = 0; g < group; ++g) z[g * tile + u] = dots[g] * scale - shift[g];
-    }
+      for (; g + 4 <= group; g += 4) {
+        dot_lanes_4<Keys>(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d, dots);
+        for (std::int32_t k = 0; k < Keys; ++k)
+          for (std::int32_t i = 0; i < 4; ++i) z[(g + i) * tile + u + k] = dots[4 * k + i] * scale - shift[g + i];
+      }
+      for (; g < group; ++g)
+        for (std::int32_t k = 0; k < Keys; ++k)
+          z[g * tile + u + k] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, kp[k], d) * scale - shift[g];
+    };
+    std::int32_t u = 0;
+    if constexpr (keys_at_a_time == 2)
+      for (; u + 2 <= n; u += 2) keys.template operator()<2>(u);
+    for (; u < n; ++u) keys.template operator()<1>(u);
   };
   const float zero[max_group_size] = {};
   for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
