@@ -246,6 +246,53 @@ inline void prefetch_row(const void* row, std::int32_t bytes) {
 #endif
 }
 
+// Whether row[0 .. n) are all in [0, 1.001] (-0 included; NaN and negatives
+// not): observe_probabilities' check of every probability before it writes.
+// Float comparisons in vector types, which the auto-vectoriser would not
+// emit under -ftrapping-math; the tail tests the bits, branch-free.
+inline bool all_probabilities(const float* __restrict row, std::int32_t n) {
+  constexpr float most = 1.001f;
+  std::int32_t t = 0;
+#if defined(__GNUC__) || defined(__clang__)
+#if defined(__AVX__)
+  constexpr std::int32_t width = 8;
+#else
+  constexpr std::int32_t width = 4;
+#endif
+  using lanes = float __attribute__((vector_size(4 * width)));
+  using mask = std::int32_t __attribute__((vector_size(4 * width)));
+  const lanes zero = {};
+  const lanes top = zero + most;
+  // Two vectors an iteration: the loop is a load and four operations a
+  // vector, so one a time leaves the load ports idle.
+  mask ok = zero <= top;  // all ones (not ~mask{}: nvcc's front end rejects it)
+  mask ok2 = ok;
+  for (; t + 2 * width <= n; t += 2 * width) {
+    lanes v, v2;
+    std::memcpy(&v, row + t, sizeof v);
+    std::memcpy(&v2, row + t + width, sizeof v2);
+    ok &= (v >= zero) & (v <= top);
+    ok2 &= (v2 >= zero) & (v2 <= top);
+  }
+  for (; t + width <= n; t += width) {
+    lanes v;
+    std::memcpy(&v, row + t, sizeof v);
+    ok &= (v >= zero) & (v <= top);
+  }
+  ok &= ok2;
+  std::int32_t all = -1;
+  for (std::int32_t i = 0; i < width; ++i) all &= ok[i];
+  if (all == 0) return false;
+#endif
+  constexpr std::uint32_t most_bits = std::bit_cast<std::uint32_t>(most), minus_zero = 0x80000000u;
+  std::uint32_t valid = 1;
+  for (; t < n; ++t) {
+    const auto x = std::bit_cast<std::uint32_t>(row[t]);
+    valid &= (x <= most_bits) | (x == minus_zero);
+  }
+  return valid != 0;
+}
+
 // Scratch of observe_queries' blocked path, on the stack: the group's
 // queries as floats (group x head_dim), one key row as floats, and a tile
 // of logits (group x tile tokens).
@@ -445,12 +492,49 @@ void admit(const Policy& policy, const View& cache, const eviction_state<memory_
   }
 }
 
-// acc[u] = Gqa::combine(acc[u], p[u]) for u < n. Kept out of line: inlined
-// into the loop over the group's heads, GCC unrolls-and-jams that loop
-// nest into a scalar one (-floop-unroll-and-jam, on at -O3).
+// acc[u] = Gqa::combine(... Gqa::combine(acc[u], p[0][u]) ..., p[Rows - 1][u])
+// for u < n, the rows in order, acc read as Gqa::identity() when Start:
+// the same bits as combining one row at a time, in one pass over acc
+// instead of Rows. Kept out of line: inlined into the loop over the group's
+// heads, GCC unrolls-and-jams that loop nest into a scalar one
+// (-floop-unroll-and-jam, on at -O3).
+template <class Gqa, std::int32_t Rows, bool Start>
+SCISSORHANDS_NOINLINE void combine_rows(float* __restrict acc, const float* const* rows, std::int32_t offset,
+                                        std::int32_t n) {
+  const float* __restrict p0 = rows[0] + offset;
+  const float* __restrict p1 = rows[Rows > 1 ? 1 : 0] + offset;
+  const float* __restrict p2 = rows[Rows > 2 ? 2 : 0] + offset;
+  const float* __restrict p3 = rows[Rows > 3 ? 3 : 0] + offset;
+  for (std::int32_t u = 0; u < n; ++u) {
+    float a = Start ? Gqa::identity() : acc[u];
+    a = Gqa::combine(a, p0[u]);
+    if constexpr (Rows > 1) a = Gqa::combine(a, p1[u]);
+    if constexpr (Rows > 2) a = Gqa::combine(a, p2[u]);
+    if constexpr (Rows > 3) a = Gqa::combine(a, p3[u]);
+    acc[u] = a;
+  }
+}
+
+// combined[u] = the group's rows[g][offset + u] combined in head order, for
+// u < n: four rows a pass.
 template <class Gqa>
-SCISSORHANDS_NOINLINE void combine_row(float* __restrict acc, const float* __restrict p, std::int32_t n) {
-  for (std::int32_t u = 0; u < n; ++u) acc[u] = Gqa::combine(acc[u], p[u]);
+void combine_group(float* __restrict combined, const float* const* rows, std::int32_t group, std::int32_t offset,
+                   std::int32_t n) {
+  for (std::int32_t g = 0; g < group; g += 4) {
+    const float* const* r = rows + g;
+    const std::int32_t k = std::min(4, group - g);
+    if (g == 0) {
+      if (k == 4) combine_rows<Gqa, 4, true>(combined, r, offset, n);
+      else if (k == 3) combine_rows<Gqa, 3, true>(combined, r, offset, n);
+      else if (k == 2) combine_rows<Gqa, 2, true>(combined, r, offset, n);
+      else combine_rows<Gqa, 1, true>(combined, r, offset, n);
+    } else {
+      if (k == 4) combine_rows<Gqa, 4, false>(combined, r, offset, n);
+      else if (k == 3) combine_rows<Gqa, 3, false>(combined, r, offset, n);
+      else if (k == 2) combine_rows<Gqa, 2, false>(combined, r, offset, n);
+      else combine_rows<Gqa, 1, false>(combined, r, offset, n);
+    }
+  }
 }
 
 // Feeds one step's combined probabilities of slots t0 .. t0 + n - 1 of head
@@ -678,18 +762,9 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
         for (std::int32_t j = 0; j < q_len; ++j) {
           const float* __restrict row = probs.row(b, qh, j);
           const std::int32_t visible = len - q_len + j + 1;
-          // A branch-free pass on the bits, which the compiler vectorises
-          // (float comparisons it does not, under -ftrapping-math): x is in
-          // [0, 1.001] iff its bits are at most 1.001f's or it is -0; NaN and
-          // negatives fail. The slot is looked up only to name it.
-          constexpr std::uint32_t most = std::bit_cast<std::uint32_t>(1.001f), minus_zero = 0x80000000u;
-          std::uint32_t valid = 1;
-          for (std::int32_t t = 0; t < visible; ++t) {
-            const auto x = std::bit_cast<std::uint32_t>(row[t]);
-            valid &= (x <= most) | (x == minus_zero);
-          }
-          if (valid) [[likely]]
+          if (all_probabilities(row, visible)) [[likely]]
             continue;
+          // The slot is looked up only to name it.
           std::int32_t t = 0;
           while (row[t] >= 0.0f && row[t] <= 1.001f) ++t;
           fail(fn, "probs", "value at (sequence ", b, ", query head ", qh, ", query ", j, ", slot ", t,
@@ -722,8 +797,7 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
           // head order, as per slot), then the tile recorded.
           for (std::int32_t t0 = 0; t0 < visible; t0 += record_tile) {
             const std::int32_t n = std::min(record_tile, visible - t0);
-            for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::identity();
-            for (std::int32_t g = 0; g < group; ++g) combine_row<Gqa>(combined, rows[g] + t0, n);
+            combine_group<Gqa>(combined, rows, group, t0, n);
             for (std::int32_t u = 0; u < n; ++u) combined[u] = Gqa::finish(combined[u], group);
             record_run(policy, state, r, h, t0, n, first_step + j, combined, visible);
           }
