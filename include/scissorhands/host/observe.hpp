@@ -225,7 +225,7 @@ inline void dot_lanes_4_one(const float* __restrict a, const float* __restrict k
 }
 template <std::int32_t Keys>
 inline void dot_lanes_4(const float* a, const float* const* b, std::int32_t d, float* out) {
-  for (std::int32_t k = 0; k < Keys; ++k) dot_lanes_4_one(a, b[k], d, out + 4 * k);
+  for (std::int32_t k = 0; k < Keys; ++k) dot_lanes_4_one(a, b[k], d, out + std::ptrdiff_t{4} * k);
 }
 #else
 inline constexpr std::int32_t keys_at_a_time = 1;
