@@ -11,7 +11,9 @@
 //
 // Per row r:                 step (int64), next_position, tracked (int32),
 //                            status (uint32, the CUDA backend's per-sequence
-//                            status word, see cuda/status.cuh)
+//                            status word, see cuda/status.cuh), blocks_done
+//                            (uint32, the CUDA backend's count of a launch's
+//                            blocks done with the row; 0 between calls)
 // Per (r, head h, slot t):   position (int32), score, observed (fp32),
 //                            ring_words 32-bit words of history
 //
@@ -59,6 +61,7 @@ struct eviction_state {
   std::int32_t* next_position = nullptr;  // [rows] position the next admitted token gets
   std::int32_t* tracked = nullptr;        // [rows] slots with state
   std::uint32_t* status = nullptr;        // [rows] CUDA: device-found errors of the row's sequence (status_flag)
+  std::uint32_t* blocks_done = nullptr;   // [rows] CUDA: blocks of the running launch done with the row, else 0
   std::int32_t* positions = nullptr;      // [rows][kv_heads][capacity]
   float* scores = nullptr;                // [rows][kv_heads][capacity]
   float* observed = nullptr;              // [rows][kv_heads][capacity]
@@ -127,7 +130,7 @@ constexpr std::size_t align_up(std::size_t x) { return (x + state_alignment - 1)
 
 // Byte offsets of the state's arrays inside the buffer, in declaration order.
 struct state_offsets {
-  std::size_t step, next_position, tracked, status, positions, scores, observed, ring, total;
+  std::size_t step, next_position, tracked, status, blocks_done, positions, scores, observed, ring, total;
 };
 
 constexpr state_offsets offsets_of(const state_shape& s) {
@@ -142,6 +145,8 @@ constexpr state_offsets offsets_of(const state_shape& s) {
   o.tracked = at;
   at = align_up(at + b * sizeof(std::int32_t));
   o.status = at;
+  at = align_up(at + b * sizeof(std::uint32_t));
+  o.blocks_done = at;
   at = align_up(at + b * sizeof(std::uint32_t));
   o.positions = at;
   at = align_up(at + tokens * sizeof(std::int32_t));
@@ -200,6 +205,7 @@ eviction_state<Space> make_state(span<std::byte, Space> buffer, const state_shap
   s.next_position = reinterpret_cast<std::int32_t*>(base + o.next_position);
   s.tracked = reinterpret_cast<std::int32_t*>(base + o.tracked);
   s.status = reinterpret_cast<std::uint32_t*>(base + o.status);
+  s.blocks_done = reinterpret_cast<std::uint32_t*>(base + o.blocks_done);
   s.positions = reinterpret_cast<std::int32_t*>(base + o.positions);
   s.scores = reinterpret_cast<float*>(base + o.scores);
   s.observed = reinterpret_cast<float*>(base + o.observed);

@@ -36,6 +36,7 @@ struct model_state {
     s.next_position = at(s.next_position);
     s.tracked = at(s.tracked);
     s.status = at(s.status);
+    s.blocks_done = at(s.blocks_done);
     s.positions = at(s.positions);
     s.scores = at(s.scores);
     s.observed = at(s.observed);

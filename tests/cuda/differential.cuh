@@ -127,6 +127,9 @@ inline bool compare_state(const char* when, const sh::eviction_state<host_space>
                    bool compare_ring, mismatch_log& log) {
   const auto& shape = h.shape;
   std::size_t compared = 0, flips = 0;
+  // Every row's ticket word is back to 0 after a launch (finish_block).
+  for (int r = 0; r < shape.rows; ++r)
+    if (d.blocks_done[r] != 0) log.add(when, ": blocks_done[", r, "] is ", d.blocks_done[r], ", not 0");
   for (const row_slots& rs : rows) {
     const int r = rs.row;
     if (h.step[r] != d.step[r]) log.add(when, ": step[", r, "] host ", h.step[r], " device ", d.step[r]);

@@ -57,7 +57,7 @@ constexpr std::size_t big_tokens = std::size_t{big_batch} * big_heads * big_capa
 static_assert(sh::detail::offsets_of(big_state).scores - sh::detail::offsets_of(big_state).positions >=
               big_tokens * 4);
 static_assert(sh::detail::offsets_of(big_state).total >= big_tokens * (12 + 4 * 13));
-static_assert(sh::detail::offsets_of(big_state).total < big_tokens * (12 + 4 * 13) + 7 * 256);
+static_assert(sh::detail::offsets_of(big_state).total < big_tokens * (12 + 4 * 13) + 8 * 256);
 
 // Pointers that are never dereferenced: validation reads no K/V data.
 // (Two elements, so K and V can differ without leaving the array.)

@@ -5,14 +5,15 @@
 // Layering (after CUB): these entry points validate on the host (throwing
 // scissorhands::invalid_argument as the host backend does), then dispatch
 // picks the kernels and their traits; kernels/ hold the per-block agents and
-// block/ the collectives. Each call launches, in stream order,
+// block/ the collectives. Each call launches two kernels, in stream order:
 //
 //   1. a check kernel (device data: lengths, page table, state rows and
 //      counters, qo_indptr, probability or log-sum-exp values) that ORs bits
 //      into the status words of the rows at fault (status.cuh),
 //   2. the observe kernel, which skips every sequence whose row is -1 or
-//      whose status word is non-zero, and sequences holding no token,
-//   3. a finalize kernel for the per-row counters, gated the same way.
+//      whose status word is non-zero; the last of a sequence's blocks to
+//      finish updates its row's counters (kernels/observe.cuh,
+//      finish_block).
 //
 // Continuous batching: pass state.for_batch(d_state_rows) (a device span)
 // to map batch positions to state rows; ragged views (qo_indptr in device
@@ -59,17 +60,14 @@ void launch_check(const sequence_table& seqs, const eviction_state<memory_space:
                   const query_rows& counts, const probability_view<memory_space::device>& probs,
                   const query_rows& lse_rows, const lse_view<memory_space::device>& lse, std::int32_t head_dim,
                   const key_params_check& key_params, cudaStream_t stream) {
-  const unsigned heads = Mode == observe_mode::admit ? 1u : static_cast<unsigned>(counts.q_heads);
+  // Blocks per sequence (observe_check_kernel): a query head's values
+  // each where they are many, a KV head's K parameters each, else one.
+  const unsigned heads = Mode == observe_mode::probabilities ? static_cast<unsigned>(counts.q_heads)
+                         : key_params.per_row > 0         ? static_cast<unsigned>(state.shape.kv_heads)
+                                                          : 1u;
   const dim3 grid(heads, static_cast<unsigned>(seqs.batch));
   observe_check_kernel<Mode><<<grid, slot_traits::threads, 0, stream>>>(seqs, state, counts, probs, lse_rows, lse,
                                                                         head_dim, key_params);
-}
-
-template <bool Attention>
-void launch_finalize(const sequence_table& seqs, const eviction_state<memory_space::device>& state,
-                     const query_rows& counts, cudaStream_t stream) {
-  constexpr int threads = 256;
-  finalize_kernel<Attention><<<(seqs.batch + threads - 1) / threads, threads, 0, stream>>>(seqs, state, counts);
 }
 
 // Admission; a static scorer reads the new K rows (a quantized cache's K
@@ -86,7 +84,6 @@ cudaError_t dispatch_admit(const char* fn, const Policy& policy, const View& cac
   admit_kernel<Obs, std::remove_const_t<decltype(rows)>>
       <<<slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
           policy.config, seqs, rows, cache.head_dim, state);
-  launch_finalize<false>(seqs, state, {}, stream);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
@@ -132,7 +129,6 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
     detail::observe_probabilities_kernel<Policy>
         <<<detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0,
            stream>>>(policy, seqs, state, probs);
-    detail::launch_finalize<true>(seqs, state, counts, stream);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }
@@ -211,7 +207,6 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     else
       detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                  grid, chunk, smem, stream);
-    detail::launch_finalize<true>(seqs, state, counts, stream);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }

@@ -20,6 +20,7 @@ __global__ void reset_sequence_kernel(eviction_state<memory_space::device> state
   state.next_position[row] = start_position;
   state.tracked[row] = 0;
   state.status[row] = 0;
+  state.blocks_done[row] = 0;
 }
 // Row `row` of every layer of a model state (one thread per layer).
 template <int = 0>
@@ -32,6 +33,7 @@ __global__ void reset_model_sequence_kernel(model_state<memory_space::device> mo
     s.next_position[row] = start_position;
     s.tracked[row] = 0;
     s.status[row] = 0;
+    s.blocks_done[row] = 0;
   }
 }
 

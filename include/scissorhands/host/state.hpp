@@ -27,6 +27,7 @@ inline void reset_sequence(eviction_state<memory_space::host> state, std::int32_
   state.next_position[row] = start_position;
   state.tracked[row] = 0;
   state.status[row] = 0;
+  state.blocks_done[row] = 0;
 }
 
 // The same for every layer of a model state (shared_layers eviction).

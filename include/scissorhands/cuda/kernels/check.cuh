@@ -257,20 +257,22 @@ __device__ inline bool k_params_not_finite(const key_params_check& check, std::i
   return bad;
 }
 
-// Grid (q_heads, batch) for the attention modes, (1, batch) for admit.
-// Block (qh, b) checks sequence b (reported by qh == 0) and the
-// probabilities, or the log-sum-exp values and the ragged extents, of query
-// head qh, and a quantized cache's K parameters of its share of the KV
-// heads (`key_params`). `counts` are the queries' (probabilities: the
-// probability view's).
+// Grid (heads, batch): block (x, b) checks sequence b (reported by x == 0)
+// and the probabilities, or the log-sum-exp values and the ragged extents,
+// of query heads x, x + heads, ..., and a quantized cache's K parameters of
+// its share of the KV heads (`key_params`). The launch picks `heads`: one
+// per query head where there are many values to read (probabilities), one
+// per KV head for a quantized cache's parameters, else 1 (a decode step's
+// log-sum-exp is a few values a sequence). `counts` are the queries'
+// (probabilities: the probability view's).
 template <observe_mode Mode>
 __global__ void __launch_bounds__(slot_traits::threads)
     observe_check_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts,
                          probability_view<memory_space::device> probs, query_rows lse_rows,
                          lse_view<memory_space::device> lse, std::int32_t head_dim, key_params_check key_params) {
   const auto b = static_cast<std::int32_t>(blockIdx.y);
-  const auto qh = static_cast<std::int32_t>(blockIdx.x);
-  sequence_check c = check_sequence(seqs, state, b, qh == 0);
+  const bool first = blockIdx.x == 0;
+  sequence_check c = check_sequence(seqs, state, b, first);
   if constexpr (Mode != observe_mode::admit) check_queries(counts, b, c);
   std::uint32_t values = 0;
   const std::int32_t q = c.queries, len = c.length;
@@ -280,14 +282,15 @@ __global__ void __launch_bounds__(slot_traits::threads)
       if (counts.reach(b, q, len) > static_cast<std::int64_t>(counts.size)) {
         values |= status_view_extent;
       } else {
-        for (std::int32_t j = 0; j < q; ++j) {
-          const float* row = probs.row(b, qh, j);
-          const std::int32_t visible = len - q + j + 1;
-          for (std::int32_t t = threadIdx.x; t < visible; t += blockDim.x) {
-            const float p = row[t];
-            if (!(p >= 0.0f && p <= 1.001f)) values |= status_probability;  // NaN fails too
+        for (auto qh = static_cast<std::int32_t>(blockIdx.x); qh < counts.q_heads; qh += static_cast<std::int32_t>(gridDim.x))
+          for (std::int32_t j = 0; j < q; ++j) {
+            const float* row = probs.row(b, qh, j);
+            const std::int32_t visible = len - q + j + 1;
+            for (std::int32_t t = threadIdx.x; t < visible; t += blockDim.x) {
+              const float p = row[t];
+              if (!(p >= 0.0f && p <= 1.001f)) values |= status_probability;  // NaN fails too
+            }
           }
-        }
       }
     } else if constexpr (Mode == observe_mode::queries) {
       // Uniform views were bounded on the host; ragged ones only now.
@@ -297,8 +300,9 @@ __global__ void __launch_bounds__(slot_traits::threads)
         if (lse_rows.ragged() && lse_rows.reach(b, q, 1) > static_cast<std::int64_t>(lse_rows.size))
           values |= status_view_extent;
         else
-          for (std::int32_t j = threadIdx.x; j < q; j += blockDim.x)
-            if (!isfinite(lse.natural(b, qh, j))) values |= status_lse;
+          for (auto qh = static_cast<std::int32_t>(blockIdx.x); qh < counts.q_heads; qh += static_cast<std::int32_t>(gridDim.x))
+            for (std::int32_t j = threadIdx.x; j < q; j += blockDim.x)
+              if (!isfinite(lse.natural(b, qh, j))) values |= status_lse;
       }
     }
   }
@@ -309,7 +313,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
       k_params_not_finite(key_params, state.shape.kv_heads, b, key_params.every_row ? 0 : c.tracked, len))
     values |= status_k_params;
   values = block::block_or(values);
-  report(state, seqs.batch, c, (qh == 0 ? c.own : 0u) | values, qh == 0 ? c.batch : 0u);
+  report(state, seqs.batch, c, (first ? c.own : 0u) | values, first ? c.batch : 0u);
 }
 
 }  // namespace scissorhands::cuda::detail

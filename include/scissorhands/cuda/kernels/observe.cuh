@@ -5,9 +5,9 @@
 // skips sequences that hold no token.
 //
 // Per-row counters (step, tracked, next_position) are read by every block
-// of a sequence and written by none of them: finalize_kernel updates them
-// after the last block is done, so no block can see a half-updated
-// sequence whatever order blocks run in.
+// of a sequence and written only by the last of them to finish
+// (finish_block), so no block can see a half-updated sequence whatever
+// order blocks run in.
 #include <cstdint>
 #include <type_traits>
 
@@ -81,6 +81,32 @@ __device__ inline void admit_slot(const settings& cfg, const Rows& rows, std::in
   for (std::int32_t w = 0; w < state.shape.ring_words; ++w) ring[w] = 0u;
 }
 
+// Per-row counters, after every block of the sequence is done with them:
+// as host::detail::admit (next_position, tracked) and observe (step,
+// advanced by the sequence's `queries` when it holds tokens). Every block
+// of a live row calls this once, at its end, with all its threads; each
+// takes a ticket in the row's blocks_done word, and the last of the
+// sequence's gridDim.x * gridDim.y blocks updates the counters (which
+// every block has read by then) and puts the word back to 0. This saves
+// the separate finalize launch of one thread per sequence. Rows that are
+// not live are skipped by every block alike (no kernel of the launch
+// writes a status word), so their word stays 0.
+template <bool Attention>
+__device__ inline void finish_block(const eviction_state<memory_space::device>& state, std::int32_t r,
+                                    std::int32_t len, std::int32_t queries) {
+  __syncthreads();  // every thread of the block is done with the row's counters
+  if (threadIdx.x != 0) return;
+  __threadfence();  // this block's reads and writes before its ticket
+  const unsigned blocks = gridDim.x * gridDim.y;
+  if (atomicAdd(&state.blocks_done[r], 1u) != blocks - 1) return;
+  __threadfence();  // every other block's, before the counters change
+  state.next_position[r] += len - state.tracked[r];
+  state.tracked[r] = len;
+  if constexpr (Attention)
+    if (len > 0) state.step[r] += queries;
+  state.blocks_done[r] = 0;
+}
+
 // Admission only (static policies, cuda::admit). Grid (chunks, kv_heads, batch).
 template <class Obs, class Rows>
 __global__ void __launch_bounds__(slot_traits::threads)
@@ -95,6 +121,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
   for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
        t += slot_traits::threads)
     admit_slot<Obs>(cfg, rows, head_dim, state, b, r, h, t, first, next);
+  finish_block<false>(state, r, len, 0);
 }
 
 // Observe from probabilities, fused with admission and the history update.
@@ -115,9 +142,12 @@ __global__ void __launch_bounds__(slot_traits::threads)
   const std::int32_t r = live_row(state, b);
   if (r < 0) return;
   const std::int32_t len = seqs.length(b), first = state.tracked[r], next = state.next_position[r];
-  if (len == 0) return;
-  const std::int64_t step0 = state.step[r];
   const std::int32_t q_len = probs.queries_of(b), group = probs.q_heads / state.shape.kv_heads;
+  if (len == 0) {
+    finish_block<true>(state, r, len, q_len);
+    return;
+  }
+  const std::int64_t step0 = state.step[r];
   const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
   const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
   for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < hi; t += slot_traits::threads) {
@@ -145,22 +175,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
     state.scores[i] = score;
     state.observed[i] = observed;
   }
-}
-
-// Per-row counters, after every block of the observe launch: as
-// host::detail::admit (next_position, tracked) and observe (step, advanced
-// by the sequence's queries when it holds tokens).
-template <bool Attention>
-__global__ void finalize_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts) {
-  const auto b = static_cast<std::int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (b >= seqs.batch) return;
-  const std::int32_t r = live_row(state, b);
-  if (r < 0) return;
-  const std::int32_t len = seqs.length(b);
-  state.next_position[r] += len - state.tracked[r];
-  state.tracked[r] = len;
-  if constexpr (Attention)
-    if (len > 0) state.step[r] += counts.queries_of(b);
+  finish_block<true>(state, r, len, q_len);
 }
 
 }  // namespace scissorhands::cuda::detail

@@ -311,7 +311,10 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   const bool given = lse.present();
   const std::int32_t lo = given ? static_cast<std::int32_t>(blockIdx.x) * chunk : 0;
   const std::int32_t hi = given ? (len - lo < chunk ? len : lo + chunk) : len;
-  if (lo >= hi) return;
+  if (lo >= hi) {
+    finish_block<true>(state, row, len, q_len);
+    return;
+  }
 
   for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
        t += traits::threads)
@@ -484,6 +487,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
       });
     }
   }
+  finish_block<true>(state, row, len, q_len);
 }
 
 }  // namespace scissorhands::cuda::detail
