@@ -10,8 +10,15 @@
 // shuffles instead of 64 for 16 values over 16 lanes). Each lane then
 // computes the exp of the value(s) it holds, and lane r of the group
 // gathers row r's probabilities in head order, combines them and updates
-// that row's state: no divergent per-row loop. Generic paths: one row a
-// round, queries read from shared memory, plain butterflies.
+// that row's state: no divergent per-row loop. With the probabilities
+// recorded (the pass over K that ends in state updates), the fast paths are
+// software-pipelined: a lane group issues the next round's K loads before
+// this round's arithmetic, and the state the round will update (score,
+// observed, the ring word, into L1) at the round's start, so a round waits
+// on at most one memory latency instead of two in a row; the queries are
+// then read from shared memory, their registers holding the K in flight.
+// Generic paths: one row a round, queries read from shared memory, plain
+// butterflies.
 //
 // A quantized cache (quantized_rows) takes the generic paths: each lane
 // loads 16 bytes of packed codes (16 int8 or 32 int4 elements) and
@@ -88,45 +95,61 @@ struct fixed_qk {
   static constexpr int NQ = traits::max_queries, R = traits::rows, V = traits::values;
   static constexpr int slice = traits::per_lane * traits::vec;
 
-  __device__ static void load_queries(float (&qreg)[NQ][slice], const float* q_tile, int nq, int head_dim,
-                                      int rank) {
-#pragma unroll
-    for (int q = 0; q < NQ; ++q)
-#pragma unroll
-      for (int i = 0; i < traits::per_lane; ++i)
-#pragma unroll
-        for (int e = 0; e < traits::vec; ++e)
-          qreg[q][i * traits::vec + e] =
-              q < nq ? q_tile[q * head_dim + (rank + i * traits::lanes) * traits::vec + e] : 0.0f;
-  }
+  using packed_rows = uint4[R][traits::per_lane];
 
-  // Loads this lane's part of R rows (zeros for invalid rows).
-  __device__ static void load_rows(const T* const (&krow)[R], const bool (&valid)[R], int rank,
-                                   float (&kf)[R][slice]) {
-    uint4 raw[R][traits::per_lane];
+  // Issues this lane's 16-byte loads of R rows (zeros for invalid rows);
+  // they stay packed, and in flight, until unpack_rows.
+  __device__ static void issue_rows(const T* const (&krow)[R], const bool (&valid)[R], int rank, packed_rows& raw) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int i = 0; i < traits::per_lane; ++i)
         raw[r][i] = valid[r] ? __ldg(reinterpret_cast<const uint4*>(krow[r]) + rank + i * traits::lanes)
                              : make_uint4(0u, 0u, 0u, 0u);
+  }
+  __device__ static void unpack_rows(const packed_rows& raw, float (&kf)[R][slice]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int i = 0; i < traits::per_lane; ++i) unpack<T, traits::vec>(raw[r][i], &kf[r][i * traits::vec]);
   }
+  // Loads this lane's part of R rows (zeros for invalid rows).
+  __device__ static void load_rows(const T* const (&krow)[R], const bool (&valid)[R], int rank,
+                                   float (&kf)[R][slice]) {
+    packed_rows raw;
+    issue_rows(krow, valid, rank, raw);
+    unpack_rows(raw, kf);
+  }
 
-  // v[r * NQ + q] after the scatter: see reduce_scatter.
-  __device__ static void dots(const float (&kf)[R][slice], const float (&qreg)[NQ][slice], int rank, float (&v)[V]) {
+  // v[r * NQ + q] after the scatter (see reduce_scatter): the R rows' dot
+  // products with the first nq query heads of the tile, read from shared
+  // memory (q_tile: [nq][head_dim]) rather than held in registers, which go
+  // to the K rows in flight instead (two 16-byte loads per query, bf16).
+  __device__ static void dots(const float (&kf)[R][slice], const float* q_tile, int nq, int head_dim, int rank,
+                              float (&v)[V]) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int q = 0; q < NQ; ++q) {
+      float qv[slice];
 #pragma unroll
-      for (int q = 0; q < NQ; ++q) {
+      for (int i = 0; i < traits::per_lane; ++i)
+#pragma unroll
+        for (int e = 0; e < traits::vec; e += 4) {
+          const float4 x = q < nq ? *reinterpret_cast<const float4*>(q_tile + q * head_dim +
+                                                                     (rank + i * traits::lanes) * traits::vec + e)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          qv[i * traits::vec + e] = x.x;
+          qv[i * traits::vec + e + 1] = x.y;
+          qv[i * traits::vec + e + 2] = x.z;
+          qv[i * traits::vec + e + 3] = x.w;
+        }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
         float acc = 0.0f;
 #pragma unroll
-        for (int x = 0; x < slice; ++x) acc = fmaf(qreg[q][x], kf[r][x], acc);
+        for (int x = 0; x < slice; ++x) acc = fmaf(qv[x], kf[r][x], acc);
         v[r * NQ + q] = acc;
       }
+    }
     reduce_scatter<V, traits::lanes>(v, rank);
   }
   // The first value index a lane holds, and which lane holds index idx.
@@ -296,7 +319,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   using History = typename Policy::history;
   constexpr int NQ = traits::max_queries;
   constexpr int R = traits::rows;
-  extern __shared__ float q_tile[];  // [group][head_dim]: this step's queries
+  extern __shared__ __align__(16) float q_tile[];  // [group][head_dim]: this step's queries (read as float4)
   __shared__ float norm[host::max_group_size];
   __shared__ float warp_m[traits::warps][NQ], warp_s[traits::warps][NQ];
 
@@ -334,8 +357,6 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   geo.group_lane0 = lane - geo.rank;
   geo.rows_per_warp = (32 / geo.lanes) * R;
   const std::int32_t rows_per_round = geo.rows_per_warp * traits::warps;
-  const bool one_tile = group <= NQ;
-  float qreg[NQ][traits::fixed ? fixed::slice : 1];
 
   // Visits rows [from, to) in warp-uniform rounds: body(first row of the
   // lane's group, rows valid, row pointers).
@@ -375,14 +396,35 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     }
     __syncthreads();
   };
-  // Lane `rank` < R: the state update of row t0 + rank with its combined probability.
-  auto record = [&](std::int32_t t, float combined, std::int64_t step, std::int32_t visible) {
-    const std::int64_t i = state.row_index(row, h, t);
-    float score = state.scores[i], observed = state.observed[i];
+  // The state update of slot t (index i, its score and observed count
+  // already loaded) with its combined probability.
+  auto record_loaded = [&](std::int64_t i, std::int32_t t, float score, float observed, float combined,
+                           std::int64_t step, std::int32_t visible) {
     const float c = Obs::contribution(Gqa::finish(combined, group), visible, cfg);
     History::update(score, observed, state.ring_of(row, h, t), step, c, cfg, Obs::binary);
     state.scores[i] = score;
     state.observed[i] = observed;
+  };
+  auto record = [&](std::int32_t t, float combined, std::int64_t step, std::int32_t visible) {
+    const std::int64_t i = state.row_index(row, h, t);
+    record_loaded(i, t, state.scores[i], state.observed[i], combined, step, visible);
+  };
+  // Which ring word of a token the update of `step` reads and writes:
+  // sliding_window's (the library's one history policy with a ring), -1
+  // for the others. prefetch_history brings it to L1 ahead of the update.
+  auto history_word = [&](std::int64_t step) -> std::int32_t {
+    if constexpr (std::is_same_v<History, sliding_window>) {
+      const auto slot = static_cast<std::int32_t>(step % cfg.window);
+      return Obs::binary ? slot >> 5 : slot;
+    } else {
+      return -1;
+    }
+  };
+  auto prefetch_history = [&](std::int32_t t, std::int32_t word) {
+    if constexpr (std::is_same_v<History, sliding_window>) {
+      const std::uint32_t* p = &state.ring_of(row, h, t)[word];
+      asm volatile("prefetch.L1 [%0];" ::"l"(p));  // generic address: no space conversion
+    }
   };
 
   for (std::int32_t j = 0; j < q_len; ++j) {
@@ -403,13 +445,12 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
         const float* tile = q_tile + g0 * head_dim;
         block::softmax_acc acc[NQ];
         if constexpr (traits::fixed) {
-          fixed::load_queries(qreg, tile, nq, head_dim, geo.rank);
           const int first_idx = fixed::first_held(geo.rank);
           for_rows(0, visible, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
             float kf[R][fixed::slice];
             fixed::load_rows(krow, valid, geo.rank, kf);
             float v[traits::values];
-            fixed::dots(kf, qreg, geo.rank, v);
+            fixed::dots(kf, tile, nq, head_dim, geo.rank, v);
             if (geo.rank % traits::copies == 0)  // one copy of each value counts
 #pragma unroll
               for (int i = 0; i < traits::held; ++i) {
@@ -437,17 +478,45 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     if (end <= lo) continue;
     const std::int64_t step = step0 + j;
     if constexpr (traits::fixed) {
-      if (one_tile) fixed::load_queries(qreg, q_tile, group, head_dim, geo.rank);
       const int first_idx = fixed::first_held(geo.rank);
-      for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
+      // Software pipeline: the K rows of the next round are loaded while
+      // this round's are multiplied, and the state a lane records is loaded
+      // with them, so a round waits on at most one memory latency, and
+      // usually none (before, a round waited on K, then on the state).
+      typename fixed::packed_rows raw;
+      auto issue = [&](std::int32_t t0) {
+        bool valid[R];
+        KRow krow[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          valid[r] = t0 + r < end;
+          krow[r] = valid[r] ? key_row(rows, b, h, t0 + r) : KRow{};
+        }
+        fixed::issue_rows(krow, valid, geo.rank, raw);
+      };
+      const std::int32_t word = history_word(step);
+      const std::int32_t first_t0 = lo + warp * geo.rows_per_warp + geo.group_in_warp * R;
+      issue(first_t0);
+      // Warp-uniform rounds (base), so the shuffles never diverge.
+      for (std::int32_t base = lo + warp * geo.rows_per_warp, t0 = first_t0; base < end;
+           base += rows_per_round, t0 += rows_per_round) {
+        const bool records = geo.rank < R && t0 + geo.rank < end;  // lane rank < R: row t0 + rank
+        std::int64_t at = 0;  // the recorded slot's token index
+        float score = 0.0f, observed = 0.0f;
+        if (records) {
+          at = state.row_index(row, h, t0 + geo.rank);
+          score = state.scores[at];
+          observed = state.observed[at];
+          prefetch_history(t0 + geo.rank, word);
+        }
         float kf[R][fixed::slice];
-        fixed::load_rows(krow, valid, geo.rank, kf);
-        float combined = Gqa::identity();  // lane rank < R: row t0 + rank
+        fixed::unpack_rows(raw, kf);
+        if (base + rows_per_round < end) issue(t0 + rows_per_round);
+        float combined = Gqa::identity();
         for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
           const int nq = group - g0 < NQ ? group - g0 : NQ;
-          if (!one_tile) fixed::load_queries(qreg, q_tile + g0 * head_dim, nq, head_dim, geo.rank);
           float v[traits::values];
-          fixed::dots(kf, qreg, geo.rank, v);
+          fixed::dots(kf, q_tile + g0 * head_dim, nq, head_dim, geo.rank, v);
           float p[traits::held];
 #pragma unroll
           for (int i = 0; i < traits::held; ++i) {
@@ -470,8 +539,8 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
             combined = Gqa::combine(combined, mine);
           }
         }
-        if (geo.rank < R && t0 + geo.rank < end) record(t0 + geo.rank, combined, step, visible);
-      });
+        if (records) record_loaded(at, t0 + geo.rank, score, observed, combined, step, visible);
+      }
     } else {
       for_rows(lo, end, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
         float combined = Gqa::identity();
