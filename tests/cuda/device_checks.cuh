@@ -574,6 +574,11 @@ int run_error_tests() {
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size() - 1}, c.QH, 1, c.D));
     });
+    expect_throw(c, "a compile-time head_dim (64) that is not the cache's (8)", [&] {
+      return sh::cuda::observe_queries<64>(
+          c.policy, c.device_view(), c.device_state(),
+          sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D));
+    });
   }
 
   {

@@ -144,7 +144,13 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
 // in another order). A quantized cache (device_quantized_kv_view,
 // device_quantized_paged_kv_view) has K dequantized on the fly; a row's
 // non-finite K parameter skips its sequence (status_k_params).
-template <class Policy, class View, class Q>
+//
+// HeadDim: 0 (the default) compiles a kernel for each head_dim with a fast
+// path (64, 128, 256) and two generic ones, and picks at run time; an
+// engine with one model passes its head_dim, observe_queries<128>(...),
+// and compiles only that fast kernel and the generic one for rows that are
+// not 16-byte aligned (cache.head_dim must then equal HeadDim).
+template <int HeadDim = 0, class Policy, class View, class Q>
   requires composed_policy<Policy>
 cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<memory_space::device> state,
                             query_view<Q, memory_space::device> queries, lse_view<memory_space::device> lse = {},
@@ -153,8 +159,13 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
   static_assert(is_quantized_view_v<View> || float_convertible<T>,
                 "specialise scissorhands::element_traits for the cache's element type");
   static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
+  static_assert(HeadDim == 0 || HeadDim == 64 || HeadDim == 128 || HeadDim == 256,
+                "HeadDim: 0 (head_dim chosen at run time) or a head_dim with a fast path: 64, 128 or 256");
   const char* fn = "cuda::observe_queries";
   detail::validate_common(fn, policy, cache, state);
+  if constexpr (HeadDim != 0)
+    scissorhands::detail::require(cache.head_dim == HeadDim, fn, "cache.head_dim",
+                                  "must equal the HeadDim template argument, ", HeadDim, ", got ", cache.head_dim);
   if constexpr (!Policy::observation::needs_attention) {
     return detail::dispatch_admit(fn, policy, cache, state, stream);
   } else {
@@ -195,6 +206,9 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     else if constexpr (is_quantized_view_v<View>)
       detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
                                                  chunk, smem, stream);
+    else if constexpr (HeadDim != 0)
+      detail::launch_queries<Policy, Rows, Q, HeadDim>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                       grid, chunk, smem, stream);
     else if (cache.head_dim == 64)
       detail::launch_queries<Policy, Rows, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                   grid, chunk, smem, stream);
