@@ -80,7 +80,7 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   const bool long_head = index < long_first || (!quick && index % 16 == 7);
   c.batch = long_head ? 1 : uniform(rng, 1, 5);
   c.kv_heads = long_head ? 1 : uniform(rng, 1, 3);
-  c.group = pick(rng, {1, 2, 3, 4, 5, 8});
+  c.group = pick(rng, {1, 2, 3, 4, 5, 8, 12, 20});  // 12: both halves of an m16 tile, 20: beyond it
   c.head_dim = queries ? pick(rng, {64, 128, 256, 64, 128, 8, 16, 24, 40, 72, 3, 5, 7, 12})
                        : pick(rng, {8, 16, 64, 128, 3, 5, 12, 256});
   if (long_head) c.head_dim = pick(rng, {8, 16, 64});

@@ -92,9 +92,22 @@ void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows
                     const eviction_state<memory_space::device>& state,
                     const query_view<Q, memory_space::device>& queries, const lse_view<memory_space::device>& lse,
                     float scale, dim3 grid, std::int32_t chunk, std::size_t smem, cudaStream_t stream) {
+  using T = typename key_traits<Rows>::element;
+  using mma = mma_qk<T, Q, HeadDim>;
+  const std::int32_t group = queries.q_heads / state.shape.kv_heads;
+  if constexpr (mma::available) {
+    // A fast kernel on tensor cores holds up to 16 query heads a KV head;
+    // larger groups (multi-query models) take the generic kernel.
+    if (group > mma::max_group) {
+      launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, head_dim, state, queries, lse, scale, grid, chunk, smem,
+                                         stream);
+      return;
+    }
+  }
+  smem += mma::extra_shared_bytes(group);
   observe_queries_kernel<Policy, Rows, Q, HeadDim>
-      <<<grid, qk_traits<typename key_traits<Rows>::element, HeadDim>::threads, smem, stream>>>(
-          policy, seqs, rows, head_dim, state, queries, lse, scale, chunk);
+      <<<grid, qk_traits<T, HeadDim>::threads, smem, stream>>>(policy, seqs, rows, head_dim, state, queries, lse,
+                                                                scale, chunk);
 }
 
 }  // namespace detail

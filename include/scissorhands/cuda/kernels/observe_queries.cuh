@@ -3,20 +3,24 @@
 // query heads, probabilities exp(q.k * scale - lse), GQA combine,
 // observation and history update, in one pass over K.
 //
-// Fast paths (head_dim 64/128/256, 16-byte aligned rows): a lane group
-// issues the 16-byte loads of `rows` K rows at once, multiplies them with a
-// tile of query heads held in registers, and reduce-scatters the rows x
-// queries partial dots (each butterfly step halves what a lane keeps, 15
+// Fast paths (head_dim 64/128/256, 16-byte aligned rows), two kinds. With
+// queries of the cache's 16-bit type (bf16, fp16), q.k runs on tensor
+// cores (mma_qk below: a warp scores 8 keys a round with head_dim / 16
+// mma.sync; the launch sends groups of more than 16 query heads a KV head
+// to the generic kernel). Otherwise (fp32 or mixed types) on FMAs: a lane
+// group issues the 16-byte loads of `rows` K rows at once, multiplies them
+// with a tile of query heads, and reduce-scatters the rows x queries
+// partial dots (each butterfly step halves what a lane keeps, 15
 // shuffles instead of 64 for 16 values over 16 lanes). Each lane then
 // computes the exp of the value(s) it holds, and lane r of the group
 // gathers row r's probabilities in head order, combines them and updates
-// that row's state: no divergent per-row loop. With the probabilities
-// recorded (the pass over K that ends in state updates), the fast paths are
-// software-pipelined: a lane group issues the next round's K loads before
-// this round's arithmetic, and the state the round will update (score,
+// that row's state: no divergent per-row loop. Both fast paths are
+// software-pipelined: the next round's K loads are issued before this
+// round's arithmetic, and the state the round will update (score,
 // observed, the ring word, into L1) at the round's start, so a round waits
-// on at most one memory latency instead of two in a row; the queries are
-// then read from shared memory, their registers holding the K in flight.
+// on at most one memory latency instead of two in a row; the FMA path
+// reads the queries from shared memory, its registers holding the K in
+// flight.
 // Generic paths: one row a round, queries read from shared memory, plain
 // butterflies.
 //
@@ -33,6 +37,7 @@
 // in the host's order; with a ragged view each block reads its sequence's
 // count from qo_indptr (the grid never depends on it). Rows are visited in
 // warp-uniform rounds so the shuffles never diverge.
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -43,6 +48,7 @@
 #include "../../quantized_kv_view.hpp"
 #include "../block/collectives.cuh"
 #include "../detail/tables.cuh"
+#include "../element.cuh"
 #include "../traits.cuh"
 #include "observe.cuh"
 
@@ -158,6 +164,90 @@ struct fixed_qk {
   }
   __device__ static int holder(int idx) {
     return traits::values >= traits::lanes ? idx / traits::held : idx * traits::copies;
+  }
+};
+
+// Tensor-core q.k for the fast paths when the queries are of the cache's
+// 16-bit type (bf16 or fp16, as an engine's attention has them): a warp
+// multiplies the tile's query heads (up to 16, zero-padded: the A operand
+// of mma.sync.m16n8k16) with 8 keys (B) per round, head_dim / 16 mmas with
+// fp32 accumulation, instead of ~130 FMAs and a reduce-scatter per lane.
+// The products of two 16-bit values are exact in fp32, so the scores match
+// the host's fp32 dot products within float rounding, as the FMA paths do.
+//
+// The k index is permuted so each lane loads 16 contiguous bytes of its key
+// row at a time: lane (g = lane / 4, c = lane % 4) loads key g's elements
+// [32p + 8c, 32p + 8c + 8) for p < head_dim / 32, and uses them as the B
+// fragment of mma steps 2p (elements 0-3) and 2p + 1 (4-7); the queries'
+// A fragments are built with the same permutation (both operands map
+// logical k to the same element), once per query into shared memory.
+template <class T, class Q, int HeadDim>
+struct mma_qk {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  static constexpr bool arch = false;  // mma.sync with bf16 needs sm_80
+#else
+  static constexpr bool arch = true;
+#endif
+  static constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  static constexpr bool available =
+      arch && HeadDim > 0 && HeadDim % 32 == 0 && std::is_same_v<T, Q> && (bf16 || std::is_same_v<T, __half>);
+  static constexpr int max_group = 16;          // query heads one m16 tile holds
+  static constexpr int keys = 8;                // keys a warp scores per round (n8)
+  static constexpr int steps = HeadDim / 16;    // mma k-steps
+  static constexpr int pairs = HeadDim / 32;    // 16-byte loads per lane and key
+  static constexpr int frag_vectors = steps * 32;  // uint4 A fragments: one per (step, lane)
+
+  // Shared memory the kernel needs beyond the query tile (host and device agree).
+  __host__ __device__ static constexpr std::size_t extra_shared_bytes(std::int32_t group) {
+    return available && group <= max_group ? sizeof(uint4) * frag_vectors : 0;
+  }
+
+  __device__ static std::uint32_t pack(float lo, float hi) {
+    if constexpr (bf16)
+      return std::uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(lo))} |
+             (std::uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(hi))} << 16);
+    else
+      return std::uint32_t{__half_as_ushort(__float2half_rn(lo))} |
+             (std::uint32_t{__half_as_ushort(__float2half_rn(hi))} << 16);
+  }
+  // A fragments of every step for every lane, from the float query tile
+  // (exact: the floats came from T). All threads of the block.
+  __device__ static void build_fragments(const float* q_tile, int group, int head_dim, uint4* frag) {
+    for (int x = static_cast<int>(threadIdx.x); x < frag_vectors; x += static_cast<int>(blockDim.x)) {
+      const int s = x / 32, lane = x % 32, g = lane / 4, c = lane % 4;
+      const int d0 = (s / 2) * 32 + c * 8 + (s % 2) * 4;
+      auto at = [&](int row, int d) { return row < group ? q_tile[row * head_dim + d] : 0.0f; };
+      frag[x] = make_uint4(pack(at(g, d0), at(g, d0 + 1)), pack(at(g + 8, d0), at(g + 8, d0 + 1)),
+                           pack(at(g, d0 + 2), at(g, d0 + 3)), pack(at(g + 8, d0 + 2), at(g + 8, d0 + 3)));
+    }
+  }
+  // This lane's 16-byte loads of its key row (zeros without one).
+  __device__ static void issue_keys(const T* krow, int c, uint4 (&raw)[pairs]) {
+#pragma unroll
+    for (int p = 0; p < pairs; ++p)
+      raw[p] = krow != nullptr ? __ldg(reinterpret_cast<const uint4*>(krow) + p * 4 + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  // d[0], d[1]: query head g with keys 2c and 2c + 1; d[2], d[3]: head g + 8.
+  __device__ static void scores(const uint4* frag, int lane, const uint4 (&raw)[pairs], float (&d)[4]) {
+    d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < steps; ++s) {
+      const uint4 a = frag[s * 32 + lane];
+      const uint4& k = raw[s / 2];
+      const std::uint32_t b0 = s % 2 == 0 ? k.x : k.z, b1 = s % 2 == 0 ? k.y : k.w;
+      if constexpr (bf16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+      else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    }
   }
 };
 
@@ -317,11 +407,17 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   using History = typename Policy::history;
+  using mma = mma_qk<T, Q, HeadDim>;
   constexpr int NQ = traits::max_queries;
   constexpr int R = traits::rows;
-  extern __shared__ __align__(16) float q_tile[];  // [group][head_dim]: this step's queries (read as float4)
+  // [group][head_dim]: this step's queries (read as float4); then, on the
+  // tensor-core path, the A fragments (mma_qk::extra_shared_bytes).
+  extern __shared__ __align__(16) float q_tile[];
   __shared__ float norm[host::max_group_size];
-  __shared__ float warp_m[traits::warps][NQ], warp_s[traits::warps][NQ];
+  // Per-warp normaliser parts of a tile's query heads (all of them on the
+  // tensor-core path).
+  constexpr int tile_heads = mma::available ? mma::max_group : NQ;
+  __shared__ float warp_m[traits::warps][tile_heads], warp_s[traits::warps][tile_heads];
 
   const settings& cfg = policy.config;
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
@@ -427,6 +523,23 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     }
   };
 
+  // The tensor-core path (mma_qk) replaces the FMA fast path in the
+  // instantiations where it is available; the launch sends a group too
+  // large for it to the generic kernel, and sized shared memory for its
+  // fragments (mma_qk::extra_shared_bytes).
+  constexpr bool use_mma = mma::available;
+  constexpr bool fma_fixed = traits::fixed && !use_mma;
+  auto* a_frag = reinterpret_cast<uint4*>(q_tile + group * head_dim);
+  const int mma_g = lane / 4, mma_c = lane % 4;  // the lane's query head (and + 8) and key pair
+  uint4 mma_raw[use_mma ? mma::pairs : 1];
+  // Loads key base + mma_g of a round (none at or past `to`).
+  auto mma_issue = [&](std::int32_t base, std::int32_t to) {
+    if constexpr (use_mma) {
+      const std::int32_t t = base + mma_g;
+      mma::issue_keys(t < to ? key_row(rows, b, h, t) : nullptr, mma_c, mma_raw);
+    }
+  };
+
   for (std::int32_t j = 0; j < q_len; ++j) {
     const std::int32_t visible = len - q_len + j + 1;
     __syncthreads();  // admission done; the previous step's tile is no longer read
@@ -437,47 +550,139 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     if (given)
       for (std::int32_t g = threadIdx.x; g < group; g += traits::threads) norm[g] = lse.natural(b, h * group + g, j);
     __syncthreads();
+    if constexpr (use_mma) {
+      mma::build_fragments(q_tile, group, head_dim, a_frag);
+      __syncthreads();
+    }
 
     if (!given) {
-      // The normaliser of each query head over its visible slots.
-      for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
-        const int nq = group - g0 < NQ ? group - g0 : NQ;
-        const float* tile = q_tile + g0 * head_dim;
-        block::softmax_acc acc[NQ];
-        if constexpr (traits::fixed) {
-          const int first_idx = fixed::first_held(geo.rank);
-          for_rows(0, visible, [&](std::int32_t t0, const bool (&valid)[R], const KRow (&krow)[R]) {
-            float kf[R][fixed::slice];
-            fixed::load_rows(krow, valid, geo.rank, kf);
-            float v[traits::values];
-            fixed::dots(kf, tile, nq, head_dim, geo.rank, v);
-            if (geo.rank % traits::copies == 0)  // one copy of each value counts
-#pragma unroll
-              for (int i = 0; i < traits::held; ++i) {
-                const int idx = first_idx + i, r = idx / NQ, q = idx % NQ;
-#pragma unroll
-                for (int qq = 0; qq < NQ; ++qq)  // static register index
-                  if (qq == q && q < nq && t0 + r < visible) acc[qq].add(v[i] * scale);
-              }
-          });
-        } else {
-          for_rows(0, visible, [&](std::int32_t, const bool (&valid)[R], const KRow (&krow)[R]) {
-            float d[NQ];
-            generic_dots<Rows, HeadDim>(rows, krow[0], valid[0], tile, nq, head_dim, geo, d);
-            if (geo.rank == 0 && valid[0])
-#pragma unroll
-              for (int q = 0; q < NQ; ++q)
-                if (q < nq) acc[q].add(d[q] * scale);
-          });
+      if constexpr (use_mma) {
+        // The normaliser of every query head of the group over its visible
+        // slots: lane (g, c) keeps heads g and g + 8 over keys 2c, 2c + 1.
+        constexpr std::int32_t keys_per_round = mma::keys * traits::warps;
+        block::softmax_acc acc_lo, acc_hi;
+        mma_issue(warp * mma::keys, visible);
+        for (std::int32_t base = warp * mma::keys; base < visible; base += keys_per_round) {
+          float d[4];
+          mma::scores(a_frag, lane, mma_raw, d);
+          if (base + keys_per_round < visible) mma_issue(base + keys_per_round, visible);
+          const std::int32_t t = base + 2 * mma_c;
+          if (mma_g < group) {
+            if (t < visible) acc_lo.add(d[0] * scale);
+            if (t + 1 < visible) acc_lo.add(d[1] * scale);
+          }
+          if (mma_g + 8 < group) {
+            if (t < visible) acc_hi.add(d[2] * scale);
+            if (t + 1 < visible) acc_hi.add(d[3] * scale);
+          }
         }
-        finish_normaliser(acc, g0, nq);
+        // Merge the four lanes of each head, then the warps.
+#pragma unroll
+        for (int offset = 1; offset < 4; offset *= 2) {
+          block::softmax_acc o;
+          o.m = __shfl_xor_sync(block::full_mask, acc_lo.m, offset);
+          o.s = __shfl_xor_sync(block::full_mask, acc_lo.s, offset);
+          acc_lo = block::softmax_acc::merge(acc_lo, o);
+          o.m = __shfl_xor_sync(block::full_mask, acc_hi.m, offset);
+          o.s = __shfl_xor_sync(block::full_mask, acc_hi.s, offset);
+          acc_hi = block::softmax_acc::merge(acc_hi, o);
+        }
+        if (mma_c == 0) {
+          warp_m[warp][mma_g] = acc_lo.m;
+          warp_s[warp][mma_g] = acc_lo.s;
+          warp_m[warp][mma_g + 8] = acc_hi.m;
+          warp_s[warp][mma_g + 8] = acc_hi.s;
+        }
+        __syncthreads();
+        if (static_cast<int>(threadIdx.x) < group) {
+          block::softmax_acc all;
+          for (int w = 0; w < traits::warps; ++w) {
+            block::softmax_acc part;
+            part.m = warp_m[w][threadIdx.x];
+            part.s = warp_s[w][threadIdx.x];
+            all = block::softmax_acc::merge(all, part);
+          }
+          norm[threadIdx.x] = all.m + logf(all.s);
+        }
+        __syncthreads();
+      } else {
+        // The normaliser of each query head over its visible slots.
+        for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
+          const int nq = group - g0 < NQ ? group - g0 : NQ;
+          const float* tile = q_tile + g0 * head_dim;
+          block::softmax_acc acc[NQ];
+          if constexpr (fma_fixed) {
+            const int first_idx = fixed::first_held(geo.rank);
+            for_rows(0, visible, [&](std::int32_t t0, const bool(&valid)[R], const KRow(&krow)[R]) {
+              float kf[R][fixed::slice];
+              fixed::load_rows(krow, valid, geo.rank, kf);
+              float v[traits::values];
+              fixed::dots(kf, tile, nq, head_dim, geo.rank, v);
+              if (geo.rank % traits::copies == 0)  // one copy of each value counts
+#pragma unroll
+                for (int i = 0; i < traits::held; ++i) {
+                  const int idx = first_idx + i, r = idx / NQ, q = idx % NQ;
+#pragma unroll
+                  for (int qq = 0; qq < NQ; ++qq)  // static register index
+                    if (qq == q && q < nq && t0 + r < visible) acc[qq].add(v[i] * scale);
+                }
+            });
+          } else {
+            for_rows(0, visible, [&](std::int32_t, const bool(&valid)[R], const KRow(&krow)[R]) {
+              float d[NQ];
+              generic_dots<Rows, HeadDim>(rows, krow[0], valid[0], tile, nq, head_dim, geo, d);
+              if (geo.rank == 0 && valid[0])
+#pragma unroll
+                for (int q = 0; q < NQ; ++q)
+                  if (q < nq) acc[q].add(d[q] * scale);
+            });
+          }
+          finish_normaliser(acc, g0, nq);
+        }
       }
     }
 
     const std::int32_t end = hi < visible ? hi : visible;
     if (end <= lo) continue;
     const std::int64_t step = step0 + j;
-    if constexpr (traits::fixed) {
+    if constexpr (use_mma) {
+      // A warp scores 8 keys a round: lane (g, c) loads key g and gets the
+      // probabilities of heads g and g + 8 with keys 2c and 2c + 1; lanes
+      // g = 0 and g = 1 then record keys 2c and 2c + 1, the group combined
+      // in head order. Pipelined as the FMA path below.
+      const int g = mma_g, c = mma_c;
+      const float norm_lo = g < group ? norm[g] : 0.0f, norm_hi = g + 8 < group ? norm[g + 8] : 0.0f;
+      const std::int32_t word = history_word(step);
+      constexpr std::int32_t keys_per_round = mma::keys * traits::warps;
+      mma_issue(lo + warp * mma::keys, end);
+      for (std::int32_t base = lo + warp * mma::keys; base < end; base += keys_per_round) {
+        const std::int32_t mine = base + 2 * c + (g & 1);  // the slot lanes g < 2 record
+        const bool records = g < 2 && mine < end;
+        std::int64_t at = 0;
+        float score = 0.0f, observed = 0.0f;
+        if (records) {
+          at = state.row_index(row, h, mine);
+          score = state.scores[at];
+          observed = state.observed[at];
+          prefetch_history(mine, word);
+        }
+        float d[4];
+        mma::scores(a_frag, lane, mma_raw, d);
+        if (base + keys_per_round < end) mma_issue(base + keys_per_round, end);
+        const float p0 = g < group ? expf(d[0] * scale - norm_lo) : 0.0f;
+        const float p1 = g < group ? expf(d[1] * scale - norm_lo) : 0.0f;
+        const float p2 = g + 8 < group ? expf(d[2] * scale - norm_hi) : 0.0f;
+        const float p3 = g + 8 < group ? expf(d[3] * scale - norm_hi) : 0.0f;
+        float combined = Gqa::identity();
+        for (std::int32_t q = 0; q < group; ++q) {  // uniform
+          const int src = (q % 8) * 4 + c;
+          const float x0 = __shfl_sync(block::full_mask, q < 8 ? p0 : p2, src);
+          const float x1 = __shfl_sync(block::full_mask, q < 8 ? p1 : p3, src);
+          combined = Gqa::combine(combined, (g & 1) != 0 ? x1 : x0);
+        }
+        if (records) record_loaded(at, mine, score, observed, combined, step, visible);
+      }
+    } else if constexpr (fma_fixed) {
       const int first_idx = fixed::first_held(geo.rank);
       // Software pipeline: the K rows of the next round are loaded while
       // this round's are multiplied, and the state a lane records is loaded
