@@ -61,6 +61,7 @@ struct select_traits {
   static constexpr int threads = 256;
   static constexpr int warps = threads / 32;
   static constexpr int tile_keys = 4096;
+  static constexpr int argmin_items = 8;  // slots a thread loads before it compares (m = 1)
   static constexpr int radix_bits = 8;
   static constexpr int radix_bins = 1 << radix_bits;
   static constexpr std::size_t key_bytes = tile_keys * sizeof(std::uint64_t);

@@ -32,20 +32,25 @@ __device__ inline void copy_unit(std::byte* dst, const std::byte* src, int vec) 
 }
 
 // Calls f(row, unit) for every unit of `count` rows, the block's threads
-// striding over rows x units. The index is split with a 32-bit division
-// when the range fits (the usual case): a 64-bit division is a called
-// routine of ~70 instructions, a 32-bit one a few inline.
+// striding over rows x units, thread `first_thread` (in [0, Threads)) taking
+// unit 0: consecutive calls that start where the previous one ended spread a
+// few small moves over distinct threads, so their loads are in flight
+// together instead of one call's after another's on the same low threads.
+// The index is split with a 32-bit division when the range fits (the usual
+// case): a 64-bit division is a called routine of ~70 instructions, a
+// 32-bit one a few inline.
 template <int Threads, class F>
-__device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&& f) {
+__device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&& f, std::int32_t first_thread = 0) {
   const std::int64_t total = units * count;
+  const auto me = static_cast<std::uint32_t>((static_cast<std::int32_t>(threadIdx.x) + Threads - first_thread) % Threads);
   if (total <= INT32_MAX) {
     const auto per_row = static_cast<std::uint32_t>(units);
-    for (std::uint32_t i = threadIdx.x; i < static_cast<std::uint32_t>(total); i += Threads) {
+    for (std::uint32_t i = me; i < static_cast<std::uint32_t>(total); i += Threads) {
       const std::uint32_t r = i / per_row;
       f(static_cast<std::int32_t>(r), static_cast<std::int64_t>(i - r * per_row));
     }
   } else {
-    for (std::int64_t i = threadIdx.x; i < total; i += Threads) {
+    for (std::int64_t i = me; i < total; i += Threads) {
       const auto r = static_cast<std::int32_t>(i / units);
       f(r, i - r * units);
     }
@@ -53,14 +58,19 @@ __device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&&
 }
 
 // Moves `pairs` rows, pair p from row_at(src[p]) to row_at(dst[p]), with all
-// the block's threads. Sources and destinations must be distinct rows.
+// the block's threads, the first unit on thread `first_thread`. Sources and
+// destinations must be distinct rows.
 template <int Threads, class RowAt>
 __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
-                          const std::int32_t* src, const std::int32_t* dst, std::int32_t pairs) {
+                          const std::int32_t* src, const std::int32_t* dst, std::int32_t pairs,
+                          std::int32_t first_thread = 0) {
   const std::int64_t units = row_bytes / vec;
-  for_each_unit<Threads>(units, pairs, [&](std::int32_t p, std::int64_t unit) {
-    copy_unit(row_at(dst[p]) + unit * unit_stride, row_at(src[p]) + unit * unit_stride, vec);
-  });
+  for_each_unit<Threads>(
+      units, pairs,
+      [&](std::int32_t p, std::int64_t unit) {
+        copy_unit(row_at(dst[p]) + unit * unit_stride, row_at(src[p]) + unit * unit_stride, vec);
+      },
+      first_thread);
 }
 
 // Shifts the kept rows of [first, len) down in slot order: slot t (not

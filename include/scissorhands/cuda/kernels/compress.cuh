@@ -114,7 +114,51 @@ struct key_of_slot {
     return scissorhands::detail::eviction_key(
         scissorhands::detail::pooled_eviction_score(scores, observed, t, length, cfg, HighestFirst), position);
   }
+  // The same from a slot's values already loaded (no pooling: pool_width <= 1).
+  __device__ std::uint64_t of(std::int32_t position, float score, float seen) const {
+    if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
+    return scissorhands::detail::eviction_key(scissorhands::detail::eviction_score(score, seen, cfg, HighestFirst),
+                                              position);
+  }
 };
+
+// The lowest key of slots threadIdx.x, threadIdx.x + Threads, ... < len,
+// ties to the lower slot, and how many keys were not ignored. Without
+// pooling, a thread loads the position, score and observed count of
+// `Items` slots before it looks at any, so the loop waits on one memory
+// latency per Items x Threads slots (2,048 at the defaults: one for a
+// decode-sized head) instead of one or two per slot.
+template <int Threads, int Items, class Protector, bool HighestFirst>
+__device__ inline void lowest_of_thread(const key_of_slot<Protector, HighestFirst>& from_state, std::int32_t len,
+                                        std::uint64_t& best, std::int32_t& slot, std::int32_t& count) {
+  auto consider = [&](std::int32_t t, std::uint64_t key) {
+    if (key == block::ignored_key) return;
+    ++count;
+    if (key < best) best = key, slot = t;
+  };
+  if (from_state.cfg.pool_width > 1) {
+    for (std::int32_t t = threadIdx.x; t < len; t += Threads) consider(t, from_state(t));
+    return;
+  }
+  for (std::int32_t t0 = threadIdx.x; t0 < len; t0 += Threads * Items) {
+    std::int32_t position[Items];
+    float score[Items], seen[Items];
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      const std::int32_t t = t0 + k * Threads;
+      if (t < len) {
+        position[k] = from_state.positions[t];
+        score[k] = from_state.scores[t];
+        seen[k] = from_state.observed[t];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      const std::int32_t t = t0 + k * Threads;
+      if (t < len) consider(t, from_state.of(position[k], score[k], seen[k]));
+    }
+  }
+}
 
 // The lowest key and its slot, and how many keys were seen (e == 1).
 struct lowest_key {
@@ -170,12 +214,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   if (e == 1) {
     // m = 1 at the budget, the decode steady state: an argmin, one pass.
     lowest_key mine{block::ignored_key, -1, 0};
-    for (std::int32_t t = threadIdx.x; t < len; t += traits::threads) {
-      const std::uint64_t key = from_state(t);
-      if (key == block::ignored_key) continue;
-      ++mine.count;
-      if (key < mine.key) mine = {key, t, mine.count};
-    }
+    lowest_of_thread<traits::threads, select_traits::argmin_items>(from_state, len, mine.key, mine.slot, mine.count);
     const lowest_key all = cub::BlockReduce<lowest_key, traits::threads>(lowest_storage).Reduce(mine, lowest_key_op{});
     if (threadIdx.x == 0) {
       if (all.count < 1)
@@ -279,20 +318,26 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
         src_slot[p] = kept + i + l;
       }
       __syncthreads();
+      // Each move starts on the thread after the previous one's last unit:
+      // at m = 1 (one pair: a K and a V row, three words, the ring words)
+      // every unit is on its own thread and all the loads are in flight at
+      // once, rather than thread 0 waiting on six loads one after another.
+      std::int64_t used = 0;
+      auto move = [&](auto row_at, std::int64_t row_bytes, std::int32_t vec, std::int64_t unit_stride) {
+        block::move_rows<traits::threads>(row_at, row_bytes, vec, unit_stride, src_slot, dst_slot, pairs,
+                                          static_cast<std::int32_t>(used % traits::threads));
+        used += row_bytes / vec * pairs;
+      };
       if (move_kv)
         for (int p = 0; p < planes.count; ++p) {
           const std::int32_t vec = planes.vec[p];
-          block::move_rows<traits::threads>(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, src_slot,
-                                            dst_slot, pairs);
-          block::move_rows<traits::threads>(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, src_slot,
-                                            dst_slot, pairs);
+          move(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec);
+          move(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec);
         }
-      block::move_rows<traits::threads>(pos_at, 4, 4, 4, src_slot, dst_slot, pairs);
-      block::move_rows<traits::threads>(score_at, 4, 4, 4, src_slot, dst_slot, pairs);
-      block::move_rows<traits::threads>(observed_at, 4, 4, 4, src_slot, dst_slot, pairs);
-      if (words > 0)
-        block::move_rows<traits::threads>(ring_at, std::int64_t{words} * 4, 4, ring_unit_stride, src_slot, dst_slot,
-                                          pairs);
+      move(pos_at, 4, 4, 4);
+      move(score_at, 4, 4, 4);
+      move(observed_at, 4, 4, 4);
+      if (words > 0) move(ring_at, std::int64_t{words} * 4, 4, ring_unit_stride);
       __syncthreads();
     }
   } else {
