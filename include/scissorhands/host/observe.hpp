@@ -520,20 +520,19 @@ SCISSORHANDS_NOINLINE void combine_rows(float* __restrict acc, const float* cons
 template <class Gqa>
 void combine_group(float* __restrict combined, const float* const* rows, std::int32_t group, std::int32_t offset,
                    std::int32_t n) {
+  // combine_rows for k = 1..4 rows, its compile-time row count.
+  auto some = [&]<bool Start>(const float* const* r, std::int32_t k) {
+    if (k == 4) combine_rows<Gqa, 4, Start>(combined, r, offset, n);
+    else if (k == 3) combine_rows<Gqa, 3, Start>(combined, r, offset, n);
+    else if (k == 2) combine_rows<Gqa, 2, Start>(combined, r, offset, n);
+    else combine_rows<Gqa, 1, Start>(combined, r, offset, n);
+  };
   for (std::int32_t g = 0; g < group; g += 4) {
-    const float* const* r = rows + g;
     const std::int32_t k = std::min(4, group - g);
-    if (g == 0) {
-      if (k == 4) combine_rows<Gqa, 4, true>(combined, r, offset, n);
-      else if (k == 3) combine_rows<Gqa, 3, true>(combined, r, offset, n);
-      else if (k == 2) combine_rows<Gqa, 2, true>(combined, r, offset, n);
-      else combine_rows<Gqa, 1, true>(combined, r, offset, n);
-    } else {
-      if (k == 4) combine_rows<Gqa, 4, false>(combined, r, offset, n);
-      else if (k == 3) combine_rows<Gqa, 3, false>(combined, r, offset, n);
-      else if (k == 2) combine_rows<Gqa, 2, false>(combined, r, offset, n);
-      else combine_rows<Gqa, 1, false>(combined, r, offset, n);
-    }
+    if (g == 0)
+      some.template operator()<true>(rows + g, k);
+    else
+      some.template operator()<false>(rows + g, k);
   }
 }
 
