@@ -161,8 +161,9 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
 // HeadDim: 0 (the default) compiles a kernel for each head_dim with a fast
 // path (64, 128, 256) and two generic ones, and picks at run time; an
 // engine with one model passes its head_dim, observe_queries<128>(...),
-// and compiles only that fast kernel and the generic one for rows that are
-// not 16-byte aligned (cache.head_dim must then equal HeadDim).
+// and compiles only that fast kernel and the generic ones it falls back to
+// (rows not 16-byte aligned; on tensor cores, groups of more than 16 query
+// heads a KV head): cache.head_dim must then equal HeadDim.
 template <int HeadDim = 0, class Policy, class View, class Q>
   requires composed_policy<Policy>
 cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<memory_space::device> state,
