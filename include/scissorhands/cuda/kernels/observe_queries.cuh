@@ -454,6 +454,14 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   geo.rows_per_warp = (32 / geo.lanes) * R;
   const std::int32_t rows_per_round = geo.rows_per_warp * traits::warps;
 
+  // The R rows from t0 a lane group reads, those below `to` valid.
+  auto rows_from = [&](std::int32_t t0, std::int32_t to, bool (&valid)[R], KRow (&krow)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      valid[r] = t0 + r < to;
+      krow[r] = valid[r] ? key_row(rows, b, h, t0 + r) : KRow{};
+    }
+  };
   // Visits rows [from, to) in warp-uniform rounds: body(first row of the
   // lane's group, rows valid, row pointers).
   auto for_rows = [&](std::int32_t from, std::int32_t to, auto&& body) {
@@ -461,24 +469,13 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
       const std::int32_t t0 = base + geo.group_in_warp * R;
       bool valid[R];
       KRow krow[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        valid[r] = t0 + r < to;
-        krow[r] = valid[r] ? key_row(rows, b, h, t0 + r) : KRow{};
-      }
+      rows_from(t0, to, valid, krow);
       body(t0, valid, krow);
     }
   };
-  // Merges every lane's normaliser for tile query q into norm[g0 + q].
-  auto finish_normaliser = [&](block::softmax_acc (&acc)[NQ], std::int32_t g0, int nq) {
-#pragma unroll
-    for (int q = 0; q < NQ; ++q) {
-      const block::softmax_acc w = block::warp_merge(acc[q]);
-      if (lane == 0) {
-        warp_m[warp][q] = w.m;
-        warp_s[warp][q] = w.s;
-      }
-    }
+  // Merges the warps' normaliser parts of tile heads [0, nq) (warp_m,
+  // warp_s) into norm[g0 + q]. All threads of the block.
+  auto merge_warps = [&](std::int32_t g0, int nq) {
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < nq) {
       block::softmax_acc all;
@@ -491,6 +488,18 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
       norm[g0 + threadIdx.x] = all.m + logf(all.s);
     }
     __syncthreads();
+  };
+  // Merges every lane's normaliser for tile query q into norm[g0 + q].
+  auto finish_normaliser = [&](block::softmax_acc (&acc)[NQ], std::int32_t g0, int nq) {
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const block::softmax_acc w = block::warp_merge(acc[q]);
+      if (lane == 0) {
+        warp_m[warp][q] = w.m;
+        warp_s[warp][q] = w.s;
+      }
+    }
+    merge_warps(g0, nq);
   };
   // The state update of slot t (index i, its score and observed count
   // already loaded) with its combined probability.
@@ -593,18 +602,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
           warp_m[warp][mma_g + 8] = acc_hi.m;
           warp_s[warp][mma_g + 8] = acc_hi.s;
         }
-        __syncthreads();
-        if (static_cast<int>(threadIdx.x) < group) {
-          block::softmax_acc all;
-          for (int w = 0; w < traits::warps; ++w) {
-            block::softmax_acc part;
-            part.m = warp_m[w][threadIdx.x];
-            part.s = warp_s[w][threadIdx.x];
-            all = block::softmax_acc::merge(all, part);
-          }
-          norm[threadIdx.x] = all.m + logf(all.s);
-        }
-        __syncthreads();
+        merge_warps(0, group);
       } else {
         // The normaliser of each query head over its visible slots.
         for (std::int32_t g0 = 0; g0 < group; g0 += NQ) {
@@ -692,11 +690,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
       auto issue = [&](std::int32_t t0) {
         bool valid[R];
         KRow krow[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          valid[r] = t0 + r < end;
-          krow[r] = valid[r] ? key_row(rows, b, h, t0 + r) : KRow{};
-        }
+        rows_from(t0, end, valid, krow);
         fixed::issue_rows(krow, valid, geo.rank, raw);
       };
       const std::int32_t word = history_word(step);
