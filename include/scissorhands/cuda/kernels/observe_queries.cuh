@@ -47,6 +47,7 @@
 #include "../../host/observe.hpp"
 #include "../../quantized_kv_view.hpp"
 #include "../block/collectives.cuh"
+#include "../detail/mma_layout.hpp"
 #include "../detail/tables.cuh"
 #include "../element.cuh"
 #include "../traits.cuh"
@@ -180,7 +181,9 @@ struct fixed_qk {
 // [32p + 8c, 32p + 8c + 8) for p < head_dim / 32, and uses them as the B
 // fragment of mma steps 2p (elements 0-3) and 2p + 1 (4-7); the queries'
 // A fragments are built with the same permutation (both operands map
-// logical k to the same element), once per query into shared memory.
+// logical k to the same element), once per query into shared memory. The
+// layouts and the permutation are in detail/mma_layout.hpp, checked on the
+// host by emulating the instruction (tests/host/mma_layout_test.cpp).
 template <class T, class Q, int HeadDim>
 struct mma_qk {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -211,30 +214,39 @@ struct mma_qk {
              (std::uint32_t{__half_as_ushort(__float2half_rn(hi))} << 16);
   }
   // A fragments of every step for every lane, from the float query tile
-  // (exact: the floats came from T). All threads of the block.
+  // (exact: the floats came from T), laid out by mma_layout. All threads of
+  // the block.
   __device__ static void build_fragments(const float* q_tile, int group, int head_dim, uint4* frag) {
+    namespace ml = mma_layout;
     for (int x = static_cast<int>(threadIdx.x); x < frag_vectors; x += static_cast<int>(blockDim.x)) {
       const int s = x / 32, lane = x % 32, g = lane / 4, c = lane % 4;
-      const int d0 = (s / 2) * 32 + c * 8 + (s % 2) * 4;
-      auto at = [&](int row, int d) { return row < group ? q_tile[row * head_dim + d] : 0.0f; };
-      frag[x] = make_uint4(pack(at(g, d0), at(g, d0 + 1)), pack(at(g + 8, d0), at(g + 8, d0 + 1)),
-                           pack(at(g, d0 + 2), at(g, d0 + 3)), pack(at(g + 8, d0 + 2), at(g + 8, d0 + 3)));
+      // Register r: halves k = a_k(c, r, 0) and a_k(c, r, 1) of row a_row(g, r).
+      auto reg = [&](int r) {
+        const int row = ml::a_row(g, r);
+        auto at = [&](int h) {
+          return row < group ? q_tile[row * head_dim + ml::element_of(s, ml::a_k(c, r, h))] : 0.0f;
+        };
+        return pack(at(0), at(1));
+      };
+      frag[x] = make_uint4(reg(0), reg(1), reg(2), reg(3));
     }
   }
-  // This lane's 16-byte loads of its key row (zeros without one).
+  // This lane's 16-byte loads of its key row (zeros without one): elements
+  // [32p + 8c, + 8) for p < pairs (mma_layout::element_of).
   __device__ static void issue_keys(const T* krow, int c, uint4 (&raw)[pairs]) {
 #pragma unroll
     for (int p = 0; p < pairs; ++p)
       raw[p] = krow != nullptr ? __ldg(reinterpret_cast<const uint4*>(krow) + p * 4 + c) : make_uint4(0u, 0u, 0u, 0u);
   }
-  // d[0], d[1]: query head g with keys 2c and 2c + 1; d[2], d[3]: head g + 8.
+  // d[r]: query head mma_layout::d_row(g, r) with key d_col(c, r), i.e.
+  // d[0], d[1]: head g with keys 2c and 2c + 1; d[2], d[3]: head g + 8.
   __device__ static void scores(const uint4* frag, int lane, const uint4 (&raw)[pairs], float (&d)[4]) {
     d[0] = d[1] = d[2] = d[3] = 0.0f;
 #pragma unroll
     for (int s = 0; s < steps; ++s) {
       const uint4 a = frag[s * 32 + lane];
-      const uint4& k = raw[s / 2];
-      const std::uint32_t b0 = s % 2 == 0 ? k.x : k.z, b1 = s % 2 == 0 ? k.y : k.w;
+      const std::uint32_t words[4] = {raw[s / 2].x, raw[s / 2].y, raw[s / 2].z, raw[s / 2].w};
+      const std::uint32_t b0 = words[mma_layout::b_word(s, 0)], b1 = words[mma_layout::b_word(s, 1)];
       if constexpr (bf16)
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
