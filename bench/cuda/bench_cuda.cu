@@ -6,7 +6,8 @@
 //                          and V: the bandwidth every figure is compared to,
 //                          measured in the same run (bytes read + written).
 //   observe_queries        decode step (q_len 1) with the log-sum-exp given:
-//                          one read of K.
+//                          one read of K (bf16 queries: the tensor-core
+//                          path).
 //   observe_probabilities  decode step from [batch][32][budget] fp32
 //                          probabilities.
 //   compress m=1 / m=B/16  each timed call triggers on every sequence
