@@ -37,18 +37,26 @@ struct sliding_window {
     // In 64 bits: window + 31 overflows int32 for a window near INT32_MAX.
     return binary ? static_cast<std::int32_t>((std::int64_t{s.window} + 31) / 32) : s.window;
   }
+  // The ring word update() reads and writes at `step`, the same for every
+  // token (optional for a history policy: a backend that finds it may
+  // prefetch the word ahead of the update).
+  SCISSORHANDS_HOST_DEVICE static std::int32_t ring_word(std::int64_t step, const settings& s, bool binary) {
+    const auto slot = static_cast<std::int32_t>(step % s.window);
+    return binary ? slot >> 5 : slot;
+  }
   SCISSORHANDS_HOST_DEVICE static void update(float& score, float& observed, history_ring ring, std::int64_t step,
                                               float contribution, const settings& s, bool binary) {
     const auto slot = static_cast<std::int32_t>(step % s.window);
     float oldest;
     if (binary) {
       const std::uint32_t bit = 1u << (slot & 31);
-      std::uint32_t& word = ring[slot >> 5];
+      std::uint32_t& word = ring[ring_word(step, s, binary)];
       oldest = (word & bit) ? 1.0f : 0.0f;
       word = contribution != 0.0f ? (word | bit) : (word & ~bit);
     } else {
-      oldest = __builtin_bit_cast(float, ring[slot]);
-      ring[slot] = __builtin_bit_cast(std::uint32_t, contribution);
+      std::uint32_t& word = ring[ring_word(step, s, binary)];
+      oldest = __builtin_bit_cast(float, word);
+      word = __builtin_bit_cast(std::uint32_t, contribution);
     }
     score = (score - oldest) + contribution;
     const float w = static_cast<float>(s.window);

@@ -37,6 +37,7 @@
 // in the host's order; with a ragged view each block reads its sequence's
 // count from qo_indptr (the grid never depends on it). Rows are visited in
 // warp-uniform rounds so the shuffles never diverge.
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -197,7 +198,7 @@ struct mma_qk {
   static constexpr int max_group = 16;          // query heads one m16 tile holds
   static constexpr int keys = 8;                // keys a warp scores per round (n8)
   static constexpr int steps = HeadDim / 16;    // mma k-steps
-  static constexpr int pairs = HeadDim / 32;    // 16-byte loads per lane and key
+  static constexpr int pairs = HeadDim >= 32 ? HeadDim / 32 : 1;  // 16-byte loads per lane and key (1: unused)
   static constexpr int frag_vectors = steps * 32;  // uint4 A fragments: one per (step, lane)
 
   // Shared memory the kernel needs beyond the query tile (host and device agree).
@@ -526,19 +527,20 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     const std::int64_t i = state.row_index(row, h, t);
     record_loaded(i, t, state.scores[i], state.observed[i], combined, step, visible);
   };
-  // Which ring word of a token the update of `step` reads and writes:
-  // sliding_window's (the library's one history policy with a ring), -1
-  // for the others. prefetch_history brings it to L1 ahead of the update.
+  // Which ring word of a token the update of `step` reads and writes, for
+  // a history policy that says (History::ring_word: sliding_window), else
+  // -1; prefetch_history brings it to L1 ahead of the update.
+  constexpr bool ring_word_known = requires(std::int64_t step) {
+    { History::ring_word(step, cfg, Obs::binary) } -> std::same_as<std::int32_t>;
+  };
   auto history_word = [&](std::int64_t step) -> std::int32_t {
-    if constexpr (std::is_same_v<History, sliding_window>) {
-      const auto slot = static_cast<std::int32_t>(step % cfg.window);
-      return Obs::binary ? slot >> 5 : slot;
-    } else {
+    if constexpr (ring_word_known)
+      return History::ring_word(step, cfg, Obs::binary);
+    else
       return -1;
-    }
   };
   auto prefetch_history = [&](std::int32_t t, std::int32_t word) {
-    if constexpr (std::is_same_v<History, sliding_window>) {
+    if constexpr (ring_word_known) {
       const std::uint32_t* p = &state.ring_of(row, h, t)[word];
       asm volatile("prefetch.L1 [%0];" ::"l"(p));  // generic address: no space conversion
     }
