@@ -21,7 +21,11 @@
 //
 // The state is sized as an engine sizes it, by the budget
 // (state_capacity_for(budget, 1) slots: decode appends one token between
-// compress calls), and mapped through state_rows in reverse order.
+// compress calls), and mapped through state_rows in reverse order. The
+// /state:32768 variants of observe (batch 32, B = 2048) size the cache and
+// the state for a 32k prompt instead, the sequences still at the budget:
+// the grids are sized by the 32k the host must assume, capped, and each
+// sequence spread over its blocks (cuda/detail/slot_chunks.hpp).
 //
 // Timing: manual, with CUDA events around one call on a stream kept busy by
 // a short spin kernel while the host enqueues it, so the host's launch
@@ -148,10 +152,13 @@ struct layer {
   std::size_t state_size = 0, workspace_bytes = 0;
   cudaStream_t stream;
 
-  layer(int batch_, int budget_)
+  // state_slots > 0: the cache and the state sized for sequences of that
+  // many slots (a state sized for the longest prompt), the sequences still
+  // holding `budget` tokens.
+  layer(int batch_, int budget_, int state_slots = 0)
       : batch(batch_),
         budget(budget_),
-        capacity(budget_ + 16),
+        capacity(state_slots > 0 ? state_slots : budget_ + 16),
         kv_elements(static_cast<std::size_t>(batch_) * capacity * kv_heads * head_dim),
         k(kv_elements),
         v(kv_elements),
@@ -173,7 +180,8 @@ struct layer {
     std::vector<std::int32_t> reversed(batch);
     for (int b = 0; b < batch; ++b) reversed[b] = batch - 1 - b;
     CHECK(cudaMemcpyAsync(rows.p, reversed.data(), sizeof(std::int32_t) * batch, cudaMemcpyHostToDevice, stream));
-    const sh::state_shape shape{batch, kv_heads, sh::state_capacity_for(budget, 1), policy.ring_words()};
+    const sh::state_shape shape{batch, kv_heads, state_slots > 0 ? state_slots : sh::state_capacity_for(budget, 1),
+                                policy.ring_words()};
     state_size = sh::state_bytes(shape);
     state_buf = std::make_unique<device_array<std::byte>>(state_size);
     pristine = std::make_unique<device_array<std::byte>>(state_size);
@@ -293,8 +301,8 @@ void bm_copy(benchmark::State& s, int batch, int budget) {
 // consecutive tokens are adjacent and these are the bytes DRAM moves).
 double observe_state_bytes(const layer& l) { return l.tokens() * (2.0 * 8 + 2.0 * 4); }
 
-void bm_observe_queries(benchmark::State& s, int batch, int budget) {
-  layer l(batch, budget);
+void bm_observe_queries(benchmark::State& s, int batch, int budget, int state_slots) {
+  layer l(batch, budget, state_slots);
   const auto q = sh::query_view<T, sh::memory_space::device>::dense({l.queries.p, l.queries.n}, q_heads, 1, head_dim);
   const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1);
   auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.stream)); };
@@ -305,8 +313,8 @@ void bm_observe_queries(benchmark::State& s, int batch, int budget) {
   s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
 }
 
-void bm_observe_probabilities(benchmark::State& s, int batch, int budget) {
-  layer l(batch, budget);
+void bm_observe_probabilities(benchmark::State& s, int batch, int budget, int state_slots) {
+  layer l(batch, budget, state_slots);
   const auto pv = sh::probability_view<sh::memory_space::device>::dense({l.probs.p, l.probs.n}, q_heads, 1, budget);
   auto call = [&] { CHECK(sh::cuda::observe_probabilities(l.policy, l.view(), l.state, pv, l.stream)); };
   const double t = time_calls(s, l.stream, [] {}, call);
@@ -442,9 +450,20 @@ int main(int argc, char** argv) {
         b->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(g_iterations);
       };
       setup(benchmark::RegisterBenchmark(("copy" + shape).c_str(), bm_copy, batch, budget));
-      setup(benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), bm_observe_queries, batch, budget));
+      setup(benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), bm_observe_queries, batch, budget, 0));
       setup(benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), bm_observe_probabilities, batch,
-                                         budget));
+                                         budget, 0));
+      if (batch == 32 && budget == 2048) {
+        // The same step with the cache and state sized for a 32k prompt:
+        // the grid is capped and each sequence spread over the blocks it
+        // has (cuda/detail/slot_chunks.hpp), so this should match the line
+        // above.
+        const std::string big = shape + "/state:32768";
+        setup(benchmark::RegisterBenchmark(("observe_queries" + big).c_str(), bm_observe_queries, batch, budget,
+                                           32768));
+        setup(benchmark::RegisterBenchmark(("observe_probabilities" + big).c_str(), bm_observe_probabilities, batch,
+                                           budget, 32768));
+      }
       for (int m : {1, budget / 16})
         setup(benchmark::RegisterBenchmark(("compress" + shape + "/m:" + std::to_string(m)).c_str(), bm_compress,
                                            batch, budget, m));

@@ -78,16 +78,29 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   // (--long N: the first N are, --quick or not, so that a sanitizer run
   // reaches the > 4096-slot selection path.)
   const bool long_head = index < long_first || (!quick && index % 16 == 7);
-  c.batch = long_head ? 1 : uniform(rng, 1, 5);
-  c.kv_heads = long_head ? 1 : uniform(rng, 1, 3);
-  c.group = pick(rng, {1, 2, 3, 4, 5, 8, 12, 20});  // 12: both halves of an m16 tile, 20: beyond it
+  // One in 32 (not --quick) has 128 (sequence, KV head) lines of up to
+  // ~2,600 slots with the log-sum-exp given: observe_queries' grid reaches
+  // its block cap (qk_chunk_traits::max_blocks, detail/slot_chunks.hpp), so
+  // a long sequence's blocks take chunks above min_chunk.
+  const bool wide = !quick && !long_head && index % 32 == 15;
+  if (wide) {
+    c.policy = pick(rng, {0, 4});
+    c.path = uniform(rng, 1, 2);
+  }
+  c.batch = long_head ? 1 : wide ? 16 : uniform(rng, 1, 5);
+  c.kv_heads = long_head ? 1 : wide ? 8 : uniform(rng, 1, 3);
+  // 12: both halves of an m16 tile, 20: beyond it.
+  c.group = wide ? pick(rng, {1, 2, 4}) : pick(rng, {1, 2, 3, 4, 5, 8, 12, 20});
   c.head_dim = queries ? pick(rng, {64, 128, 256, 64, 128, 8, 16, 24, 40, 72, 3, 5, 7, 12})
                        : pick(rng, {8, 16, 64, 128, 3, 5, 12, 256});
   if (long_head) c.head_dim = pick(rng, {8, 16, 64});
+  if (wide) c.head_dim = pick(rng, {8, 16});
   c.recent = uniform(rng, 0, 6);
   c.sinks = coin(rng, 0.3) ? uniform(rng, 1, 3) : 0;
   const int protect = c.recent + c.sinks;
-  c.budget = long_head ? uniform(rng, 4200, 5200) : protect + uniform(rng, 1, quick ? 20 : 60);
+  c.budget = long_head ? uniform(rng, 4200, 5200)
+              : wide    ? uniform(rng, 2100, 2600)
+                        : protect + uniform(rng, 1, quick ? 20 : 60);
   c.m = coin(rng, 0.4) ? 1 : uniform(rng, 1, c.budget - protect);
   c.capacity = c.budget + (long_head ? uniform(rng, 200, 900) : uniform(rng, 3, 40));
   c.page_size = pick(rng, {1, 2, 4, 5, 16});
@@ -105,7 +118,7 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   c.ragged = coin(rng, 0.4);
   c.token_major = coin(rng);
   c.tight_state = coin(rng, 0.3);
-  c.steps = long_head ? 2 : uniform(rng, 2, 5);
+  c.steps = long_head || wide ? 2 : uniform(rng, 2, 5);
   c.seed = static_cast<std::uint32_t>(rng());
   if (c.preserve_order && coin(rng, 0.4)) {
     c.pool_width = pick(rng, {3, 5, 9});

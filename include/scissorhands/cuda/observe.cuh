@@ -50,9 +50,12 @@ namespace detail {
 // Largest dynamic shared memory observe_queries asks for (group * head_dim floats).
 inline constexpr std::int32_t max_query_tile_floats = 10 * 1024;
 
+// Grid (chunks, kv_heads, batch) of the bookkeeping kernels: sized by the
+// longest a sequence can be, capped (detail/slot_chunks.hpp).
 inline dim3 slot_grid(std::int32_t slots, std::int32_t kv_heads, std::int32_t batch) {
-  const auto chunks = static_cast<unsigned>((std::int64_t{slots} + slot_traits::chunk - 1) / slot_traits::chunk);
-  return dim3(chunks > 0 ? chunks : 1u, static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
+  const std::int32_t chunks = chunk_blocks(slots, std::int64_t{kv_heads} * batch, slot_traits::chunk,
+                                           slot_traits::max_blocks);
+  return dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
 }
 
 template <observe_mode Mode>
@@ -91,7 +94,7 @@ template <class Policy, class Rows, class Q, int HeadDim>
 void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows& rows, std::int32_t head_dim,
                     const eviction_state<memory_space::device>& state,
                     const query_view<Q, memory_space::device>& queries, const lse_view<memory_space::device>& lse,
-                    float scale, dim3 grid, std::int32_t chunk, std::size_t smem, cudaStream_t stream) {
+                    float scale, dim3 grid, std::size_t smem, cudaStream_t stream) {
   using T = typename key_traits<Rows>::element;
   using mma = mma_qk<T, Q, HeadDim>;
   const std::int32_t group = queries.q_heads / state.shape.kv_heads;
@@ -99,15 +102,14 @@ void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows
     // A fast kernel on tensor cores holds up to 16 query heads a KV head;
     // larger groups (multi-query models) take the generic kernel.
     if (group > mma::max_group) {
-      launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, head_dim, state, queries, lse, scale, grid, chunk, smem,
-                                         stream);
+      launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, head_dim, state, queries, lse, scale, grid, smem, stream);
       return;
     }
   }
   smem += mma::extra_shared_bytes(group);
   observe_queries_kernel<Policy, Rows, Q, HeadDim>
       <<<grid, qk_traits<T, HeadDim>::threads, smem, stream>>>(policy, seqs, rows, head_dim, state, queries, lse,
-                                                                scale, chunk);
+                                                                scale);
 }
 
 }  // namespace detail
@@ -197,44 +199,41 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     const detail::query_rows lse_rows = detail::make_query_rows(lse, counts);
     detail::launch_check<detail::observe_mode::queries>(seqs, state, counts, {}, lse_rows, lse, cache.head_dim,
                                                         detail::make_key_params_check(cache, true), stream);
-    // With the log-sum-exp, slots are split in chunks sized for about a
-    // thousand blocks; without, a block per head computes the normaliser.
-    // Sized by the longest a sequence can be (the host cannot read lengths).
-    const std::int32_t slots = detail::max_slots(cache, state);
-    std::int32_t chunk = slots;
-    unsigned chunks = 1;
-    if (lse.present()) {
-      const std::int64_t total = std::int64_t{slots} * cache.kv_heads * cache.batch;
-      chunk = 256;
-      while (chunk < 4096 && total / chunk > 1024) chunk *= 2;
-      chunks = static_cast<unsigned>((std::int64_t{slots} + chunk - 1) / chunk);
-    }
-    const dim3 grid(chunks, static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
+    // With the log-sum-exp, a head's slots are split over blocks (about a
+    // thousand in all; each block takes its share of its own sequence's
+    // length: detail/slot_chunks.hpp); without, a block per head computes
+    // the normaliser.
+    const std::int32_t chunks =
+        lse.present() ? detail::chunk_blocks(detail::max_slots(cache, state),
+                                             std::int64_t{cache.kv_heads} * cache.batch, qk_chunk_traits::min_chunk,
+                                             qk_chunk_traits::max_blocks)
+                      : 1;
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(cache.kv_heads),
+                    static_cast<unsigned>(cache.batch));
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     const bool vectorised = detail::key_rows_vectorised(rows, cache.head_dim);
     // A quantized cache takes the generic paths only: two kernels per
     // policy for both formats instead of a fast path per format and size.
     if (!vectorised)
       detail::launch_queries<Policy, Rows, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                  grid, chunk, smem, stream);
+                                                  grid, smem, stream);
     else if constexpr (is_quantized_view_v<View>)
-      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid,
-                                                 chunk, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid, smem, stream);
     else if constexpr (HeadDim != 0)
       detail::launch_queries<Policy, Rows, Q, HeadDim>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                       grid, chunk, smem, stream);
+                                                       grid, smem, stream);
     else if (cache.head_dim == 64)
       detail::launch_queries<Policy, Rows, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                  grid, chunk, smem, stream);
+                                                  grid, smem, stream);
     else if (cache.head_dim == 128)
       detail::launch_queries<Policy, Rows, Q, 128>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                   grid, chunk, smem, stream);
+                                                   grid, smem, stream);
     else if (cache.head_dim == 256)
       detail::launch_queries<Policy, Rows, Q, 256>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                   grid, chunk, smem, stream);
+                                                   grid, smem, stream);
     else
       detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                 grid, chunk, smem, stream);
+                                                 grid, smem, stream);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }

@@ -16,8 +16,22 @@ constexpr bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 struct slot_traits {
   static constexpr int threads = 256;
   static constexpr int items = 4;
-  static constexpr int chunk = threads * items;  // slots one block covers
+  static constexpr int chunk = threads * items;  // fewest slots a block takes (detail/slot_chunks.hpp)
+  // Most blocks a launch has when the sequences can be long (the chunks
+  // grow instead): about two waves at eight blocks an SM on an H100/H200.
+  static constexpr std::int64_t max_blocks = 2048;
   static_assert(threads % 32 == 0);
+};
+
+// Observe from queries with the log-sum-exp given: how a head's slots are
+// split over blocks (detail/slot_chunks.hpp). About four waves at two
+// blocks an SM (qk_traits::min_blocks) on an H100/H200; chunks of at least
+// min_chunk slots, so a short sequence still spreads over several blocks.
+// Without the log-sum-exp a block takes its whole head (it computes the
+// head's normaliser first).
+struct qk_chunk_traits {
+  static constexpr int min_chunk = 256;
+  static constexpr std::int64_t max_blocks = 1024;
 };
 
 // Observe from queries. A lane group of `lanes` lanes reads `rows` K rows a

@@ -328,8 +328,12 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
                                           static_cast<std::int32_t>(used % traits::threads));
         used += row_bytes / vec * pairs;
       };
+      // Unrolled over the planes a view can have, so `planes` stays in the
+      // kernel's parameters (a run-time index copies it to local memory).
       if (move_kv)
-        for (int p = 0; p < planes.count; ++p) {
+#pragma unroll
+        for (int p = 0; p < row_planes::max_planes; ++p) {
+          if (p >= planes.count) break;
           const std::int32_t vec = planes.vec[p];
           move(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec);
           move(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec);
@@ -343,7 +347,9 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
   } else {
     auto* staging = reinterpret_cast<std::byte*>(stage);
     if (move_kv)
-      for (int p = 0; p < planes.count; ++p) {
+#pragma unroll
+      for (int p = 0; p < row_planes::max_planes; ++p) {
+        if (p >= planes.count) break;
         const std::int32_t vec = planes.vec[p];
         block::shift_rows<traits::threads>(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, evicted, e,
                                            len, staging, traits::stage_bytes, dst_slot, traits::pair_batch);

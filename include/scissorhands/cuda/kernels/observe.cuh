@@ -17,6 +17,7 @@
 #include "../../policy/eviction_policy.hpp"
 #include "../../quantized_kv_view.hpp"
 #include "../block/collectives.cuh"
+#include "../detail/slot_chunks.hpp"
 #include "../detail/tables.cuh"
 #include "../detail/validate.cuh"  // max_quantized_key_floats
 #include "../traits.cuh"
@@ -107,6 +108,13 @@ __device__ inline void finish_block(const eviction_state<memory_space::device>& 
   state.blocks_done[r] = 0;
 }
 
+// This block's slots of a sequence of len slots in a grid (chunks,
+// kv_heads, batch) of the bookkeeping kernels (detail/slot_chunks.hpp).
+__device__ inline slot_range block_slots(std::int32_t len) {
+  return chunk_of(len, static_cast<std::int32_t>(gridDim.x), static_cast<std::int32_t>(blockIdx.x),
+                  slot_traits::chunk);
+}
+
 // Admission only (static policies, cuda::admit). Grid (chunks, kv_heads, batch).
 template <class Obs, class Rows>
 __global__ void __launch_bounds__(slot_traits::threads)
@@ -116,9 +124,8 @@ __global__ void __launch_bounds__(slot_traits::threads)
   const std::int32_t r = live_row(state, b);
   if (r < 0) return;
   const std::int32_t len = seqs.length(b), first = state.tracked[r], next = state.next_position[r];
-  const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
-  const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
-  for (std::int32_t t = (lo > first ? lo : first) + static_cast<std::int32_t>(threadIdx.x); t < hi;
+  const slot_range mine = block_slots(len);
+  for (std::int32_t t = (mine.lo > first ? mine.lo : first) + static_cast<std::int32_t>(threadIdx.x); t < mine.hi;
        t += slot_traits::threads)
     admit_slot<Obs>(cfg, rows, head_dim, state, b, r, h, t, first, next);
   finish_block<false>(state, r, len, 0);
@@ -148,9 +155,8 @@ __global__ void __launch_bounds__(slot_traits::threads)
     return;
   }
   const std::int64_t step0 = state.step[r];
-  const std::int32_t lo = static_cast<std::int32_t>(blockIdx.x) * slot_traits::chunk;
-  const std::int32_t hi = len < lo + slot_traits::chunk ? len : lo + slot_traits::chunk;
-  for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < hi; t += slot_traits::threads) {
+  const slot_range mine = block_slots(len);
+  for (std::int32_t t = mine.lo + static_cast<std::int32_t>(threadIdx.x); t < mine.hi; t += slot_traits::threads) {
     const std::int64_t i = state.row_index(r, h, t);
     const history_ring ring = state.ring_of(r, h, t);
     float score, observed;

@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
                                   qk_traits<typename key_traits<Rows>::element, HeadDim>::min_blocks)
     observe_queries_kernel(Policy policy, sequence_table seqs, Rows rows, std::int32_t head_dim,
                            eviction_state<memory_space::device> state, query_view<Q, memory_space::device> queries,
-                           lse_view<memory_space::device> lse, float scale, std::int32_t chunk) {
+                           lse_view<memory_space::device> lse, float scale) {
   using T = typename key_traits<Rows>::element;
   using KRow = typename key_traits<Rows>::row;
   using traits = qk_traits<T, HeadDim>;
@@ -441,8 +441,10 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   // Ragged: this sequence's count (0: admission only); len 0: nothing at all.
   const std::int32_t q_len = queries.queries_of(b), group = queries.q_heads / state.shape.kv_heads;
   const bool given = lse.present();
-  const std::int32_t lo = given ? static_cast<std::int32_t>(blockIdx.x) * chunk : 0;
-  const std::int32_t hi = given ? (len - lo < chunk ? len : lo + chunk) : len;
+  // Without the log-sum-exp the grid has one block a head: its chunk is the head.
+  const slot_range mine = chunk_of(len, static_cast<std::int32_t>(gridDim.x), static_cast<std::int32_t>(blockIdx.x),
+                                   qk_chunk_traits::min_chunk);
+  const std::int32_t lo = mine.lo, hi = mine.hi;
   if (lo >= hi) {
     finish_block<true>(state, row, len, q_len);
     return;
