@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA backend, one command of at most about 8 minutes
+# The GPU check of the CUDA backend, one command of at most about 9 minutes
 # (the timeouts below), for a machine lent for 15 minutes. It runs the
 # binaries scripts/gpu_build.sh made on a CPU machine (BIN_DIR, default
 # gpu-bin/, carried to the device); where they are missing or do not start
@@ -17,14 +17,19 @@
 #      and memcheck + racecheck on small runs of both, each with one
 #      > 4096-slot configuration (--long 1) so the selection path beyond
 #      the shared-memory tile is instrumented too;
+#      Also, with SCISSORHANDS_PDL=1 (programmatic dependent launch,
+#      cuda/launch.cuh, off by default): the differential suite
+#      (PDL_CONFIGS) and the token-level suite (PDL_TL_CONFIGS);
 #   3. alone: the benchmarks (CUDA events, L2 flushed before each timed
-#      call, SCISSORHANDS_BENCH_ITERATIONS iterations).
-# OUT_DIR receives five files (the device tool brings back at most 8):
+#      call, SCISSORHANDS_BENCH_ITERATIONS iterations), then observe and
+#      compress at batch 1 and 32, B = 2048, again with SCISSORHANDS_PDL=1.
+# OUT_DIR receives six files (the device tool brings back at most 8):
 # status.txt (one line per stage), summary.md (the figures bench/RESULTS.md
-# wants), bench.json, device.txt, logs.tar.gz (every stage's log). The exit
-# status is non-zero if any stage that ran failed.
+# wants), bench.json, bench_pdl.json, device.txt, logs.tar.gz (every
+# stage's log). The exit status is non-zero if any stage that ran failed.
 #
 # Knobs (environment): CONFIGS (default 400), TL_CONFIGS (200),
+# PDL_CONFIGS (100), PDL_TL_CONFIGS (40), SKIP_PDL=1,
 # SANITIZE_CONFIGS (6), SCISSORHANDS_BENCH_ITERATIONS (50), BENCH_FILTER (a
 # --benchmark_filter regex), SKIP_SANITIZER=1, SKIP_BENCH=1, ARCH (a build
 # here; default: the GPU's).
@@ -142,6 +147,14 @@ run() {  # run NAME TIMEOUT COMMAND...: in the background, log in $logs/NAME.log
 }
 [ -x "$test_bin" ] && run test 200 "$test_bin" --configs "${CONFIGS:-400}"
 [ -x "$tl_bin" ] && run token-level 150 "$tl_bin" --configs "${TL_CONFIGS:-200}"
+if [ "${SKIP_PDL:-0}" != 1 ]; then
+  # The same suites with the second kernel of each call launched
+  # programmatically dependent on the first (sm_90+; off below).
+  [ -x "$test_bin" ] && run test-pdl 200 env SCISSORHANDS_PDL=1 "$test_bin" --configs "${PDL_CONFIGS:-100}" \
+    --seed 7
+  [ -x "$tl_bin" ] && run token-level-pdl 150 env SCISSORHANDS_PDL=1 "$tl_bin" --configs "${PDL_TL_CONFIGS:-40}" \
+    --seed 7
+fi
 if [ $sanitize = 1 ]; then
   [ -x "$test_bin" ] && run memcheck 200 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 99 \
     "$test_bin" --quick --configs "$n" --long 1
@@ -175,22 +188,37 @@ else
   timeout 200 "$bench_bin" "${filter[@]}" --benchmark_out="$out/bench.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true >"$logs/bench.txt" 2>&1
   stage bench $?
+  if [ "${SKIP_PDL:-0}" != 1 ]; then
+    SCISSORHANDS_PDL=1 timeout 60 "$bench_bin" \
+      --benchmark_filter='^(observe_queries|observe_probabilities|compress)/batch:(1|32)/budget:2048(/m:1|/m:128)?$' \
+      --benchmark_out="$out/bench_pdl.json" --benchmark_out_format=json --benchmark_counters_tabular=true \
+      >"$logs/bench-pdl.txt" 2>&1
+    stage bench-pdl $?
+  fi
   if command -v python3 >/dev/null && [ -s "$out/bench.json" ]; then
-    python3 - "$out/bench.json" >"$out/summary.md" <<'PY'
-import json, sys
-data = json.load(open(sys.argv[1]))
-ctx = data.get("context", {})
-print(f"device: {ctx.get('device', '?')}, date: {ctx.get('date', '?')}, "
-      f"copy bandwidth (read + write): {float(ctx.get('copy_GBps', 0)):.0f} GB/s, "
-      f"L2 flushed before each call: {ctx.get('l2_flush_bytes', '?')} bytes\n")
-print("| benchmark | us/call | us back to back | GB/s | % copy | K % copy | floor us | call/floor | per step/floor |")
-print("|---|---|---|---|---|---|---|---|---|")
-for b in data.get("benchmarks", []):
-    if b.get("run_type") == "aggregate":
+    python3 - "$out/bench.json" "$out/bench_pdl.json" >"$out/summary.md" <<'PY'
+import json, os, sys
+for i, path in enumerate(sys.argv[1:]):
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
         continue
-    g = lambda k, f="{:.3g}": f.format(b[k]) if k in b else ""
-    print(f"| {b['name']} | {g('us_per_call')} | {g('us_back_to_back')} | {g('GBps')} | {g('pct_copy', '{:.0f}')} | "
-          f"{g('k_pct_copy', '{:.0f}')} | {g('floor_us')} | {g('frac_floor')} | {g('frac_floor_per_step')} |")
+    data = json.load(open(path))
+    ctx = data.get("context", {})
+    if i > 0:
+        print("\nWith SCISSORHANDS_PDL=1 (programmatic dependent launch: "
+              f"{ctx.get('programmatic_launch', '?')}):\n")
+    print(f"device: {ctx.get('device', '?')}, date: {ctx.get('date', '?')}, "
+          f"copy bandwidth (read + write): {float(ctx.get('copy_GBps', 0)):.0f} GB/s, "
+          f"L2 flushed before each call: {ctx.get('l2_flush_bytes', '?')} bytes, "
+          f"programmatic launch: {ctx.get('programmatic_launch', '?')}\n")
+    print("| benchmark | us/call | us back to back | GB/s | % copy | K % copy | floor us | call/floor | per step/floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate":
+            continue
+        g = lambda k, f="{:.3g}": f.format(b[k]) if k in b else ""
+        print(f"| {b['name']} | {g('us_per_call')} | {g('us_back_to_back')} | {g('GBps')} | "
+              f"{g('pct_copy', '{:.0f}')} | {g('k_pct_copy', '{:.0f}')} | {g('floor_us')} | {g('frac_floor')} | "
+              f"{g('frac_floor_per_step')} |")
 PY
     cat "$out/summary.md"
   fi

@@ -439,6 +439,8 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d, %d SMs); copy bandwidth (read + write): %.0f GB/s\n", prop.name, prop.major,
               prop.minor, prop.multiProcessorCount, g_copy_bandwidth * 1e-9);
   benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("programmatic_launch",
+                              sh::cuda::programmatic_launch_requested() && prop.major >= 9 ? "on" : "off");
   benchmark::AddCustomContext("copy_GBps", std::to_string(g_copy_bandwidth * 1e-9));
 
   for (int batch : {1, 8, 32, 64})

@@ -45,10 +45,15 @@
 //
 // Bit-exactness assumes IEEE division and square root on the device
 // (nvcc's defaults); --use_fast_math or -prec-div=false breaks it.
+//
+// Each call is a pair of kernels; SCISSORHANDS_PDL=1 in the environment
+// launches the second programmatically dependent on the first on sm_90+
+// (cuda/launch.cuh: off by default until measured on a GPU).
 #include "scissorhands.hpp"
 
 #include "cuda/compress.cuh"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/observe.cuh"
 #include "cuda/page_table.cuh"
 #include "cuda/select.cuh"

@@ -1643,8 +1643,9 @@ int main(int argc, char** argv) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  std::printf("device %d: %s (sm_%d%d), seed %llu\n", device, prop.name, prop.major, prop.minor,
-              static_cast<unsigned long long>(seed));
+  std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n",
+              device, prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed),
+              sh::cuda::programmatic_launch_requested() ? (prop.major >= 9 ? "on" : "requested, sm < 90: off") : "off");
   auto want = [&](const char* part) {
     return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
   };

@@ -10,10 +10,13 @@
 // select on reduced scores), quantized caches (quantized_kv_view, the
 // reference codec), their plans run in slices
 // (host/plan.hpp, host/threads.hpp), and the C++17 bridge's definitions
-// (one policy).
+// (one policy), and the CUDA backend's plain C++ headers (the tensor-core
+// operand layout and the slot chunks, shared with host tests).
 // Built as part of the tests so it also compiles with g++.
 #include <scissorhands/scissorhands.hpp>
 #include <scissorhands/bridge/bridge_impl.hpp>
+#include <scissorhands/cuda/detail/mma_layout.hpp>
+#include <scissorhands/cuda/detail/slot_chunks.hpp>
 #include <scissorhands/host/threads.hpp>
 
 #include <cstddef>

@@ -13,7 +13,8 @@
 //   2. the observe kernel, which skips every sequence whose row is -1 or
 //      whose status word is non-zero; the last of a sequence's blocks to
 //      finish updates its row's counters (kernels/observe.cuh,
-//      finish_block).
+//      finish_block). With SCISSORHANDS_PDL=1 on sm_90+ it is launched
+//      programmatically dependent on the check (launch.cuh).
 //
 // Continuous batching: pass state.for_batch(d_state_rows) (a device span)
 // to map batch positions to state rows; ragged views (qo_indptr in device
@@ -40,6 +41,7 @@
 #include "kernels/check.cuh"
 #include "kernels/observe.cuh"
 #include "kernels/observe_queries.cuh"
+#include "launch.cuh"
 #include "status.cuh"
 #include "traits.cuh"
 
@@ -84,9 +86,9 @@ cudaError_t dispatch_admit(const char* fn, const Policy& policy, const View& cac
   const auto rows = make_key_rows(cache);
   const key_params_check key_params = Obs::needs_attention ? key_params_check{} : make_key_params_check(cache, false);
   launch_check<observe_mode::admit>(seqs, state, {}, {}, {}, {}, 0, key_params, stream);
-  admit_kernel<Obs, std::remove_const_t<decltype(rows)>>
-      <<<slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream>>>(
-          policy.config, seqs, rows, cache.head_dim, state);
+  launch_second(programmatic_launch(), admit_kernel<Obs, std::remove_const_t<decltype(rows)>>,
+                slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream,
+                policy.config, seqs, rows, cache.head_dim, state);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
@@ -107,9 +109,8 @@ void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows
     }
   }
   smem += mma::extra_shared_bytes(group);
-  observe_queries_kernel<Policy, Rows, Q, HeadDim>
-      <<<grid, qk_traits<T, HeadDim>::threads, smem, stream>>>(policy, seqs, rows, head_dim, state, queries, lse,
-                                                                scale);
+  launch_second(programmatic_launch(), observe_queries_kernel<Policy, Rows, Q, HeadDim>, grid,
+                qk_traits<T, HeadDim>::threads, smem, stream, policy, seqs, rows, head_dim, state, queries, lse, scale);
 }
 
 }  // namespace detail
@@ -141,9 +142,9 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
     const detail::query_rows counts = detail::make_query_rows(probs, probs.q_heads, probs.data.size());
     detail::launch_check<detail::observe_mode::probabilities>(seqs, state, counts, probs, {}, {}, 0, {}, stream);
-    detail::observe_probabilities_kernel<Policy>
-        <<<detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0,
-           stream>>>(policy, seqs, state, probs);
+    detail::launch_second(detail::programmatic_launch(), detail::observe_probabilities_kernel<Policy>,
+                          detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch),
+                          slot_traits::threads, 0, stream, policy, seqs, state, probs);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }

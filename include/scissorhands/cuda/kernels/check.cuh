@@ -8,6 +8,7 @@
 #include "../../eviction_state.hpp"
 #include "../block/collectives.cuh"
 #include "../detail/tables.cuh"
+#include "../launch.cuh"
 #include "../status.cuh"
 #include "../traits.cuh"
 
@@ -270,6 +271,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
     observe_check_kernel(sequence_table seqs, eviction_state<memory_space::device> state, query_rows counts,
                          probability_view<memory_space::device> probs, query_rows lse_rows,
                          lse_view<memory_space::device> lse, std::int32_t head_dim, key_params_check key_params) {
+  allow_second_kernel();  // launch.cuh
   const auto b = static_cast<std::int32_t>(blockIdx.y);
   const bool first = blockIdx.x == 0;
   sequence_check c = check_sequence(seqs, state, b, first);

@@ -38,6 +38,7 @@
 #include "../block/radix_select.cuh"
 #include "../block/row_move.cuh"
 #include "../detail/tables.cuh"
+#include "../launch.cuh"
 #include "../traits.cuh"
 #include "check.cuh"
 
@@ -184,6 +185,7 @@ template <class Protector, bool HighestFirst>
 __global__ void __launch_bounds__(select_traits::threads)
     select_kernel(settings cfg, sequence_table seqs, eviction_state<memory_space::device> state, std::int32_t budget,
                   compress_workspace ws) {
+  allow_second_kernel();  // launch.cuh
   using traits = select_traits;
   __shared__ std::uint64_t tile[traits::tile_keys];
   __shared__ block::radix_select_storage<traits::threads> storage;
@@ -372,6 +374,7 @@ template <int = 0>  // a template so every translation unit may define it
 __global__ void __launch_bounds__(compact_traits::threads)
     compact_kernel(settings cfg, sequence_table seqs, row_planes planes, eviction_state<memory_space::device> state,
                    std::int32_t budget, compress_workspace ws, std::int32_t* new_lengths, std::int32_t* freed_pages) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t len = ws.lengths[b];
   if (h == 0 && threadIdx.x == 0) {

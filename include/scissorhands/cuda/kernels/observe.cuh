@@ -20,6 +20,7 @@
 #include "../detail/slot_chunks.hpp"
 #include "../detail/tables.cuh"
 #include "../detail/validate.cuh"  // max_quantized_key_floats
+#include "../launch.cuh"
 #include "../traits.cuh"
 #include "check.cuh"
 
@@ -120,6 +121,7 @@ template <class Obs, class Rows>
 __global__ void __launch_bounds__(slot_traits::threads)
     admit_kernel(settings cfg, sequence_table seqs, Rows rows, std::int32_t head_dim,
                  eviction_state<memory_space::device> state) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   const auto b = static_cast<std::int32_t>(blockIdx.z), h = static_cast<std::int32_t>(blockIdx.y);
   const std::int32_t r = live_row(state, b);
   if (r < 0) return;
@@ -141,6 +143,7 @@ template <class Policy>
 __global__ void __launch_bounds__(slot_traits::threads)
     observe_probabilities_kernel(Policy policy, sequence_table seqs, eviction_state<memory_space::device> state,
                                  probability_view<memory_space::device> probs) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   using History = typename Policy::history;

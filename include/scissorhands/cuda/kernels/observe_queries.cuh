@@ -51,6 +51,7 @@
 #include "../detail/mma_layout.hpp"
 #include "../detail/tables.cuh"
 #include "../element.cuh"
+#include "../launch.cuh"
 #include "../traits.cuh"
 #include "observe.cuh"
 
@@ -412,6 +413,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
     observe_queries_kernel(Policy policy, sequence_table seqs, Rows rows, std::int32_t head_dim,
                            eviction_state<memory_space::device> state, query_view<Q, memory_space::device> queries,
                            lse_view<memory_space::device> lse, float scale) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   using T = typename key_traits<Rows>::element;
   using KRow = typename key_traits<Rows>::row;
   using traits = qk_traits<T, HeadDim>;

@@ -40,6 +40,7 @@
 #include "../block/collectives.cuh"
 #include "../block/radix_select.cuh"
 #include "../detail/tables.cuh"
+#include "../launch.cuh"
 #include "../traits.cuh"
 #include "check.cuh"
 #include "compress.cuh"
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(select_traits::threads)
     select_shared_kernel(settings cfg, sequence_table seqs, model_state<memory_space::device> model,
                          std::int32_t budget, const std::int32_t* pinned_prefix, compress_workspace ws,
                          partial_scores<memory_space::device> reduced) {
+  allow_second_kernel();  // launch.cuh
   using traits = select_traits;
   __shared__ std::uint64_t tile[traits::tile_keys];
   __shared__ block::radix_select_storage<traits::threads> storage;
@@ -244,6 +246,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
     publish_selection_kernel(std::int32_t evict_count, sequence_table seqs,
                              model_state<memory_space::device> model, std::int32_t budget, compress_workspace ws,
                              selection_out out) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   __shared__ std::int32_t live;
   const auto b = static_cast<std::int32_t>(blockIdx.x);
   const std::int32_t len = ws.lengths[b];
@@ -291,6 +294,7 @@ template <class Protector>
 __global__ void __launch_bounds__(slot_traits::threads)
     selection_check_kernel(settings cfg, sequence_table seqs, eviction_state<memory_space::device> state,
                            selection_in sel, std::int32_t* page_counts) {
+  allow_second_kernel();  // launch.cuh
   const auto b = static_cast<std::int32_t>(blockIdx.x);
   const sequence_check c = check_sequence(seqs, state, b, true);
   count_page_listings(seqs, b, c.length_ok, page_counts);
@@ -336,6 +340,7 @@ __global__ void __launch_bounds__(compact_traits::threads)
     apply_selection_kernel(bool stable, bool move_kv, sequence_table seqs, row_planes planes,
                            eviction_state<memory_space::device> state, selection_in sel,
                            const std::int32_t* page_counts) {
+  wait_for_first_kernel();  // launch.cuh: before any memory access
   const auto b = static_cast<std::int32_t>(blockIdx.y), h = static_cast<std::int32_t>(blockIdx.x);
   // Read once per block: another block of this sequence may be flagging it
   // (shared pages) while this one starts.
