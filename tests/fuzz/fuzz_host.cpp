@@ -3339,10 +3339,14 @@ class layers_case {
         for (std::size_t e = 0; e < ue; ++e) oracle.push_back(cand[e].slot);
         std::sort(oracle.begin(), oracle.end());
         if (chosen != oracle) {
-          std::string what = "select: evicted slots differ from the oracle's (sequence " + std::to_string(b) + "): got";
-          for (std::int32_t x : chosen) what += " " + std::to_string(x);
+          // Appended piece by piece: GCC 12 warns (-Wrestrict, a false
+          // positive) on `" " + std::to_string(x)` inlined here.
+          std::string what = "select: evicted slots differ from the oracle's (sequence ";
+          what += std::to_string(b);
+          what += "): got";
+          for (std::int32_t x : chosen) (what += ' ') += std::to_string(x);
           what += ", want";
-          for (std::int32_t x : oracle) what += " " + std::to_string(x);
+          for (std::int32_t x : oracle) (what += ' ') += std::to_string(x);
           fail(__FILE__, __LINE__, what);
         }
       } else {
