@@ -205,18 +205,8 @@ int main(int argc, char** argv) {
     graph_steps = std::min(graph_steps, 8);
   }
   require_device_or_skip(argv[0]);
-  cudaDeviceProp prop{};
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n",
-              device, prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed),
-              sh::cuda::programmatic_launch_requested() ? (prop.major >= 9 ? "on" : "requested, sm < 90: off") : "off");
-
-  // --only takes one part or a comma-separated list.
-  auto want = [&](const char* part) {
-    return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
-  };
+  print_device(seed);
+  auto want = [&](const char* part) { return selected(only, part); };
   int failures = 0;
   if (want("differential")) failures += run_differential(configs, seed, quick, long_first);
   if (want("errors")) failures += run_error_tests();

@@ -40,6 +40,27 @@ inline void require_device_or_skip(const char* binary) {
   }
 }
 
+// Prints the device a suite runs on, its seed, and whether the second
+// kernel of each call is launched programmatically dependent on the first
+// (SCISSORHANDS_PDL=1 on sm_90+, cuda/launch.cuh).
+inline void print_device(std::uint64_t seed) {
+  cudaDeviceProp prop{};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const char* pdl = !sh::cuda::programmatic_launch_requested() ? "off"
+                    : prop.major >= 9                           ? "on"
+                                                                : "requested, sm < 90: off";
+  std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n", device,
+              prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed), pdl);
+}
+
+// Whether --only (one part or a comma-separated list; empty: every part)
+// selects `part`.
+inline bool selected(const std::string& only, const char* part) {
+  return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
+}
+
 template <class T>
 class device_buffer {
  public:
