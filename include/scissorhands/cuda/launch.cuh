@@ -52,12 +52,13 @@ inline bool programmatic_launch() {
 }
 
 // Launches the second kernel of a call: programmatically dependent on the
-// kernel before it when `programmatic`, else the ordinary way. A launch
-// error is left for the caller's cudaPeekAtLastError, as with <<<>>>.
+// kernel before it when programmatic_launch() says so, else the ordinary
+// way. A launch error is left for the caller's cudaPeekAtLastError, as
+// with <<<>>>.
 template <class... Params, class... Args>
-void launch_second(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
-                   cudaStream_t stream, Args&&... args) {
-  if (!programmatic) {
+void launch_second(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+                   Args&&... args) {
+  if (!programmatic_launch()) {
     kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
     return;
   }

@@ -52,11 +52,12 @@ namespace detail {
 // Largest dynamic shared memory observe_queries asks for (group * head_dim floats).
 inline constexpr std::int32_t max_query_tile_floats = 10 * 1024;
 
-// Grid (chunks, kv_heads, batch) of the bookkeeping kernels: sized by the
-// longest a sequence can be, capped (detail/slot_chunks.hpp).
-inline dim3 slot_grid(std::int32_t slots, std::int32_t kv_heads, std::int32_t batch) {
-  const std::int32_t chunks = chunk_blocks(slots, std::int64_t{kv_heads} * batch, slot_traits::chunk,
-                                           slot_traits::max_blocks);
+// Grid (chunks, kv_heads, batch) of the slot kernels: sized by the longest
+// a sequence can be, capped (detail/slot_chunks.hpp); the bookkeeping
+// kernels' chunks by default, observe_queries' with the log-sum-exp.
+inline dim3 slot_grid(std::int32_t slots, std::int32_t kv_heads, std::int32_t batch,
+                      std::int32_t min_chunk = slot_traits::chunk, std::int64_t max_blocks = slot_traits::max_blocks) {
+  const std::int32_t chunks = chunk_blocks(slots, std::int64_t{kv_heads} * batch, min_chunk, max_blocks);
   return dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch));
 }
 
@@ -86,7 +87,7 @@ cudaError_t dispatch_admit(const char* fn, const Policy& policy, const View& cac
   const auto rows = make_key_rows(cache);
   const key_params_check key_params = Obs::needs_attention ? key_params_check{} : make_key_params_check(cache, false);
   launch_check<observe_mode::admit>(seqs, state, {}, {}, {}, {}, 0, key_params, stream);
-  launch_second(programmatic_launch(), admit_kernel<Obs, std::remove_const_t<decltype(rows)>>,
+  launch_second(admit_kernel<Obs, std::remove_const_t<decltype(rows)>>,
                 slot_grid(max_slots(cache, state), cache.kv_heads, cache.batch), slot_traits::threads, 0, stream,
                 policy.config, seqs, rows, cache.head_dim, state);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
@@ -109,8 +110,8 @@ void launch_queries(const Policy& policy, const sequence_table& seqs, const Rows
     }
   }
   smem += mma::extra_shared_bytes(group);
-  launch_second(programmatic_launch(), observe_queries_kernel<Policy, Rows, Q, HeadDim>, grid,
-                qk_traits<T, HeadDim>::threads, smem, stream, policy, seqs, rows, head_dim, state, queries, lse, scale);
+  launch_second(observe_queries_kernel<Policy, Rows, Q, HeadDim>, grid, qk_traits<T, HeadDim>::threads, smem, stream,
+                policy, seqs, rows, head_dim, state, queries, lse, scale);
 }
 
 }  // namespace detail
@@ -142,7 +143,7 @@ cudaError_t observe_probabilities(const Policy& policy, View cache, eviction_sta
     const detail::sequence_table seqs = detail::make_sequence_table(cache);
     const detail::query_rows counts = detail::make_query_rows(probs, probs.q_heads, probs.data.size());
     detail::launch_check<detail::observe_mode::probabilities>(seqs, state, counts, probs, {}, {}, 0, {}, stream);
-    detail::launch_second(detail::programmatic_launch(), detail::observe_probabilities_kernel<Policy>,
+    detail::launch_second(detail::observe_probabilities_kernel<Policy>,
                           detail::slot_grid(detail::max_slots(cache, state), cache.kv_heads, cache.batch),
                           slot_traits::threads, 0, stream, policy, seqs, state, probs);
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
@@ -203,14 +204,9 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     // With the log-sum-exp, a head's slots are split over blocks (about a
     // thousand in all; each block takes its share of its own sequence's
     // length: detail/slot_chunks.hpp); without, a block per head computes
-    // the normaliser.
-    const std::int32_t chunks =
-        lse.present() ? detail::chunk_blocks(detail::max_slots(cache, state),
-                                             std::int64_t{cache.kv_heads} * cache.batch, qk_chunk_traits::min_chunk,
-                                             qk_chunk_traits::max_blocks)
-                      : 1;
-    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(cache.kv_heads),
-                    static_cast<unsigned>(cache.batch));
+    // the normaliser (a grid for 0 slots: one block a head).
+    const dim3 grid = detail::slot_grid(lse.present() ? detail::max_slots(cache, state) : 0, cache.kv_heads,
+                                        cache.batch, qk_chunk_traits::min_chunk, qk_chunk_traits::max_blocks);
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     const bool vectorised = detail::key_rows_vectorised(rows, cache.head_dim);
     // A quantized cache takes the generic paths only: two kernels per
@@ -219,7 +215,8 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
       detail::launch_queries<Policy, Rows, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                   grid, smem, stream);
     else if constexpr (is_quantized_view_v<View>)
-      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale, grid, smem, stream);
+      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
+                                                 grid, smem, stream);
     else if constexpr (HeadDim != 0)
       detail::launch_queries<Policy, Rows, Q, HeadDim>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                        grid, smem, stream);

@@ -197,8 +197,7 @@ cudaError_t run_select(const char* fn, void* d_workspace, std::size_t& workspace
   out.stride = selection.stride;
   out.new_lengths = selection.out.new_lengths.data();
   out.freed_pages = selection.out.freed_pages.empty() ? nullptr : selection.out.freed_pages.data();
-  launch_second(programmatic_launch(), publish_selection_kernel<>, blocks, slot_traits::threads, 0, stream, m, seqs,
-                model, budget, ws, out);
+  launch_second(publish_selection_kernel<>, blocks, slot_traits::threads, 0, stream, m, seqs, model, budget, ws, out);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
@@ -329,8 +328,7 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
       <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
                                                                                   page_counts);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::launch_second(detail::programmatic_launch(), detail::apply_selection_kernel<>, grid,
-                        compact_traits::threads, 0, stream,
+  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads, 0, stream,
                         policy.config.compaction_mode == compaction::preserve_order, true, seqs,
                         detail::make_row_planes(cache), state, sel, page_counts);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
@@ -358,9 +356,8 @@ cudaError_t forget(const Policy& policy, View cache, eviction_state<memory_space
       <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
                                                                                   nullptr);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::launch_second(detail::programmatic_launch(), detail::apply_selection_kernel<>, grid,
-                        compact_traits::threads, 0, stream, true, false, seqs, detail::row_planes{}, state, sel,
-                        static_cast<const std::int32_t*>(nullptr));
+  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads, 0, stream, true, false, seqs,
+                        detail::row_planes{}, state, sel, static_cast<const std::int32_t*>(nullptr));
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 

@@ -110,10 +110,10 @@ __device__ inline void finish_block(const eviction_state<memory_space::device>& 
 }
 
 // This block's slots of a sequence of len slots in a grid (chunks,
-// kv_heads, batch) of the bookkeeping kernels (detail/slot_chunks.hpp).
-__device__ inline slot_range block_slots(std::int32_t len) {
-  return chunk_of(len, static_cast<std::int32_t>(gridDim.x), static_cast<std::int32_t>(blockIdx.x),
-                  slot_traits::chunk);
+// kv_heads, batch) of a slot kernel (detail/slot_chunks.hpp; min_chunk as
+// the host's slot_grid was given).
+__device__ inline slot_range block_slots(std::int32_t len, std::int32_t min_chunk = slot_traits::chunk) {
+  return chunk_of(len, static_cast<std::int32_t>(gridDim.x), static_cast<std::int32_t>(blockIdx.x), min_chunk);
 }
 
 // Admission only (static policies, cuda::admit). Grid (chunks, kv_heads, batch).

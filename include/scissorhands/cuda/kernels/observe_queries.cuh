@@ -444,8 +444,7 @@ __global__ void __launch_bounds__(qk_traits<typename key_traits<Rows>::element, 
   const std::int32_t q_len = queries.queries_of(b), group = queries.q_heads / state.shape.kv_heads;
   const bool given = lse.present();
   // Without the log-sum-exp the grid has one block a head: its chunk is the head.
-  const slot_range mine = chunk_of(len, static_cast<std::int32_t>(gridDim.x), static_cast<std::int32_t>(blockIdx.x),
-                                   qk_chunk_traits::min_chunk);
+  const slot_range mine = block_slots(len, qk_chunk_traits::min_chunk);
   const std::int32_t lo = mine.lo, hi = mine.hi;
   if (lo >= hi) {
     finish_block<true>(state, row, len, q_len);
