@@ -16,7 +16,9 @@
 // Set the environment variable SCISSORHANDS_PDL=1 (read once a process) to
 // turn it on: the second kernels are then launched with cudaLaunchKernelEx
 // and cudaLaunchAttributeProgrammaticStreamSerialization on devices of
-// compute capability 9.0 or more, the ordinary way on older ones. Capturing
+// compute capability 9.0 or more, the ordinary way on older ones and for a
+// kernel whose code the device runs was compiled from PTX below compute_90
+// (its wait is compiled out: kernel_waits_on_device). Capturing
 // it into a CUDA graph needs CUDA 12.3 or later (programmatic edges). The
 // first kernel of a call is always launched the ordinary way, so nothing
 // of the engine's that precedes a call can overlap it.
@@ -26,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace scissorhands::cuda {
 
@@ -41,27 +44,45 @@ inline bool programmatic_launch_requested() {
 
 namespace detail {
 
-// Requested, and the current device can (asked on each call: the engine
-// may switch devices between calls).
-inline bool programmatic_launch() {
+// Whether `kernel`, as the current device runs it, was compiled from PTX for
+// compute capability 9.0 or more, so that its wait_for_first_kernel() is
+// the griddepcontrol.wait a programmatic launch relies on. An engine built
+// with compute_80 PTX only (JIT-compiled on an H100) has the wait compiled
+// out, and must get the ordinary launch. Asked once per kernel and device
+// (a thread's own list: no lock).
+inline bool kernel_waits_on_device(const void* kernel, int device) {
+  struct known_kernel {
+    const void* kernel;
+    int device;
+    bool waits;
+  };
+  thread_local std::vector<known_kernel> known;
+  for (const known_kernel& k : known)
+    if (k.kernel == kernel && k.device == device) return k.waits;
+  cudaFuncAttributes attributes{};
+  const bool waits = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
+  known.push_back({kernel, device, waits});
+  return waits;
+}
+
+// Requested, the current device can (asked on each call: the engine may
+// switch devices between calls), and `kernel` waits on the device.
+inline bool programmatic_launch(const void* kernel) {
   if (!programmatic_launch_requested()) return false;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 9;
+  return major >= 9 && kernel_waits_on_device(kernel, device);
 }
 
-// Launches the second kernel of a call: programmatically dependent on the
-// kernel before it when programmatic_launch() says so, else the ordinary
-// way. A launch error is left for the caller's cudaPeekAtLastError, as
-// with <<<>>>.
+// Launches `kernel` programmatically dependent on the kernel before it in
+// `stream` (cudaLaunchAttributeProgrammaticStreamSerialization): its blocks
+// may start while that kernel runs and must wait_for_first_kernel() before
+// touching memory. Needs compute capability 9.0 or more. A launch error is
+// left for the caller's cudaPeekAtLastError, as with <<<>>>.
 template <class... Params, class... Args>
-void launch_second(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
-                   Args&&... args) {
-  if (!programmatic_launch()) {
-    kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
-    return;
-  }
+void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                         cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
@@ -73,6 +94,18 @@ void launch_second(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
   config.attrs = attribute;
   config.numAttrs = 1;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Launches the second kernel of a call: programmatically dependent on the
+// kernel before it when programmatic_launch(kernel) says so, else the
+// ordinary way.
+template <class... Params, class... Args>
+void launch_second(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+                   Args&&... args) {
+  if (programmatic_launch(reinterpret_cast<const void*>(kernel)))
+    launch_programmatic(kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+  else
+    kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
 }
 
 // First kernel of a call: lets the second be scheduled now (its blocks wait
