@@ -98,7 +98,7 @@ flags=(-std=c++20 -O3 -arch="sm_$ARCH" -I"$root/include" -Xcompiler=-Wall,-Wextr
 pids=()
 if ! starts "$test_bin"; then
   "$nvcc" "${flags[@]}" tests/cuda/differential.cu tests/cuda/differential_fp32.cu tests/cuda/differential_fp16.cu \
-    tests/cuda/differential_bf16.cu -o "$test_bin" >"$logs/build-test.log" 2>&1 &
+    tests/cuda/differential_bf16.cu tests/cuda/differential_wide.cu -o "$test_bin" >"$logs/build-test.log" 2>&1 &
   pids+=("build-test:$!")
 fi
 if ! starts "$tl_bin"; then

@@ -43,6 +43,9 @@
 //                 cache, a state_rows mapping with a padding slot) captured
 //                 in a CUDA graph, replayed step after step, against the
 //                 host.
+//   wide_elements a cache and queries of doubles (an 8-byte element type)
+//                 at head_dim 64: observe_queries' generic kernel against
+//                 the host (differential_wide.cu).
 //   quantized, quantized_checks
 //                 int8 / int4 caches (quantized_kv_view.hpp): observe from
 //                 queries and compress against the host, kept code and
@@ -50,7 +53,8 @@
 //                 check (status_k_params). See quantized.cuh.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
-//                               [--only differential,errors,shrink,graph,quantized,quantized_checks]
+//                               [--only differential,errors,shrink,graph,wide_elements,quantized,
+//                                       quantized_checks]
 //                               [--quick] [--long N]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps; --long N makes the first N configurations long heads (> 4096
@@ -195,7 +199,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
-                   "quantized,quantized_checks] [--quick] [--long N]\n",
+                   "wide_elements,quantized,quantized_checks] [--quick] [--long N]\n",
                    argv[0]);
       return 2;
     }
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
   if (want("errors")) failures += run_error_tests();
   if (want("shrink")) failures += run_shrink_tests(seed, quick);
   if (want("graph")) failures += run_graph_test(graph_steps);
+  if (want("wide_elements")) failures += run_wide_elements();
   if (want("quantized")) failures += quantized_tests::run_differential();
   if (want("quantized_checks")) failures += quantized_tests::run_checks();
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);

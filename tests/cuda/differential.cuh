@@ -90,6 +90,9 @@ struct config {
 bool run_fp32(const config& c, mismatch_log& log);
 bool run_fp16(const config& c, mismatch_log& log);
 bool run_bf16(const config& c, mismatch_log& log);
+// An 8-byte element type through observe_queries' generic path
+// (differential_wide.cu); returns the failures.
+int run_wide_elements();
 
 // Random draws.
 template <class T>

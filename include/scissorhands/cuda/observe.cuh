@@ -210,11 +210,13 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     const bool vectorised = detail::key_rows_vectorised(rows, cache.head_dim);
     // A quantized cache takes the generic paths only: two kernels per
-    // policy for both formats instead of a fast path per format and size.
+    // policy for both formats instead of a fast path per format and size;
+    // so does an engine's element type wider than 4 bytes (the fast paths
+    // hold four or more elements a 16-byte vector).
     if (!vectorised)
       detail::launch_queries<Policy, Rows, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                   grid, smem, stream);
-    else if constexpr (is_quantized_view_v<View>)
+    else if constexpr (is_quantized_view_v<View> || sizeof(T) > 4)
       detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
                                                  grid, smem, stream);
     else if constexpr (HeadDim != 0)

@@ -62,6 +62,7 @@ struct qk_traits {
   static_assert(threads % 32 == 0);
   static_assert(16 % sizeof(T) == 0, "elements must tile a 16-byte vector");
   static_assert(!fixed || HeadDim % vec == 0, "fast-path head_dim must be a multiple of the vector width");
+  static_assert(!fixed || vec % 4 == 0, "the fast paths read queries four floats at a time: elements of at most 4 bytes");
   static_assert(!fixed || detail::is_pow2(lanes), "lanes per row must be a power of two");
   static_assert(!fixed || vectors % lanes == 0, "each lane must own the same number of vectors");
   static_assert(detail::is_pow2(values), "the reduce-scatter halves rows x queries values");
