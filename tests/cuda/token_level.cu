@@ -499,12 +499,13 @@ bool run_case(const config& c, mismatch_log& log) {
       }
       CUDA_CHECK(cudaDeviceSynchronize());
     } else {
-      // Pinned prefixes that leave enough free tokens (the test's choice).
+      // Pinned prefixes that leave enough free tokens (the test's choice),
+      // in [0, length] as both backends require (0 for an empty sequence or
+      // a padding slot).
       for (int b = 0; b < B; ++b) {
         const int n = len_at(b);
-        h_pinned[b] = !c.pinned ? 0
+        h_pinned[b] = !c.pinned       ? 0
                       : n >= c.budget ? uniform(rng, 0, std::max(0, c.budget - c.m - protect))
-                      : n == 0        ? uniform(rng, 0, 2)
                                       : uniform(rng, 0, n);
       }
       d_pinned.upload(h_pinned);

@@ -100,8 +100,9 @@ std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
 // rows and parameter rows move together. The cache's lengths and page
 // table are not written: out.new_lengths[b] gets every sequence's
 // length_after_compress (also for sequences skipped for a device-found
-// error: see status.cuh; a paged sequence whose page-table entry is
-// unusable counts as length 0) and out.freed_pages[b] (paged: required;
+// error: see status.cuh; a paged sequence whose indptr or last_page_len
+// entry is unusable counts as length 0, one listing a page id outside the
+// pool keeps the length those entries give) and out.freed_pages[b] (paged: required;
 // contiguous: optional, all 0) the trailing pages of its list it no longer
 // uses. Apply them after the last layer that shares the table
 // (cuda::shrink_page_table for a FlashInfer table), in stream order. A

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(select_traits::threads)
   std::int32_t pinned = 0;
   if (pinned_prefix != nullptr && seq.length_ok) {
     pinned = pinned_prefix[b];
-    if (pinned < 0 || (len != 0 && pinned > len)) pin_bits = status_pinned_prefix;
+    if (pinned < 0 || pinned > len) pin_bits = status_pinned_prefix;  // as the host: padding slots too
   }
   if (seq.row_ok)
     own |= pin_bits;
