@@ -33,33 +33,46 @@ __device__ inline void copy_unit(std::byte* dst, const std::byte* src, int vec) 
 
 // Calls f(row, unit) for every unit of `count` rows, the block's threads
 // striding over rows x units, thread `first_thread` (in [0, Threads)) taking
-// unit 0: consecutive calls that start where the previous one ended spread a
-// few small moves over distinct threads, so their loads are in flight
-// together instead of one call's after another's on the same low threads.
-// The index is split with a 32-bit division when the range fits (the usual
-// case): a 64-bit division is a called routine of ~70 instructions, a
-// 32-bit one a few inline.
+// the first: consecutive calls that start where the previous one ended
+// spread a few small moves over distinct threads, so their loads are in
+// flight together instead of one call's after another's on the same low
+// threads. Consecutive threads take consecutive units of a row, or, with
+// `rows_fastest`, the same unit of consecutive rows: for a word-major
+// history ring (a row's units capacity x 4 bytes apart, a unit's rows 4
+// bytes apart) that keeps a warp's accesses in one or two sectors instead
+// of one sector each. The index is split with a 32-bit division when the
+// range fits (the usual case): a 64-bit division is a called routine of ~70
+// instructions, a 32-bit one a few inline.
 template <int Threads, class F>
-__device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&& f, std::int32_t first_thread = 0) {
+__device__ inline void for_each_unit(std::int64_t units, std::int64_t count, F&& f, std::int32_t first_thread = 0,
+                                     bool rows_fastest = false) {
   const std::int64_t total = units * count;
   const auto me = static_cast<std::uint32_t>((static_cast<std::int32_t>(threadIdx.x) + Threads - first_thread) % Threads);
   if (total <= INT32_MAX) {
-    const auto per_row = static_cast<std::uint32_t>(units);
+    const auto inner = static_cast<std::uint32_t>(rows_fastest ? count : units);
     for (std::uint32_t i = me; i < static_cast<std::uint32_t>(total); i += Threads) {
-      const std::uint32_t r = i / per_row;
-      f(static_cast<std::int32_t>(r), static_cast<std::int64_t>(i - r * per_row));
+      const std::uint32_t outer = i / inner, in = i - outer * inner;
+      if (rows_fastest)
+        f(static_cast<std::int32_t>(in), static_cast<std::int64_t>(outer));
+      else
+        f(static_cast<std::int32_t>(outer), static_cast<std::int64_t>(in));
     }
   } else {
+    const std::int64_t inner = rows_fastest ? count : units;
     for (std::int64_t i = me; i < total; i += Threads) {
-      const auto r = static_cast<std::int32_t>(i / units);
-      f(r, i - r * units);
+      const std::int64_t outer = i / inner, in = i - outer * inner;
+      if (rows_fastest)
+        f(static_cast<std::int32_t>(in), outer);
+      else
+        f(static_cast<std::int32_t>(outer), in);
     }
   }
 }
 
 // Moves `pairs` rows, pair p from row_at(src[p]) to row_at(dst[p]), with all
 // the block's threads, the first unit on thread `first_thread`. Sources and
-// destinations must be distinct rows.
+// destinations must be distinct rows. Strided units (a history ring) go
+// row-fastest (for_each_unit).
 template <int Threads, class RowAt>
 __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
                           const std::int32_t* src, const std::int32_t* dst, std::int32_t pairs,
@@ -70,7 +83,7 @@ __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::in
       [&](std::int32_t p, std::int64_t unit) {
         copy_unit(row_at(dst[p]) + unit * unit_stride, row_at(src[p]) + unit * unit_stride, vec);
       },
-      first_thread);
+      first_thread, unit_stride != vec);
 }
 
 // Shifts the kept rows of [first, len) down in slot order: slot t (not
@@ -79,7 +92,7 @@ __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::in
 // a time: every source of a group is read before any of its destinations is
 // written, and a destination is never a later group's source (dst_of(t) <=
 // t), so the shift is safe in place. `dst_slot` holds `max_group` ints.
-// The stage holds rows contiguously whatever their unit_stride.
+// The stage holds rows contiguously, strided ones (a ring) unit-major.
 template <int Threads, class RowAt>
 __device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
                            const std::int32_t* evicted,
@@ -104,13 +117,25 @@ __device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::i
     }
     __syncthreads();
     if (staged) {
-      for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
-        if (dst_slot[r] >= 0) copy_unit(stage + r * row_bytes + unit * vec, row_at(start + r) + unit * unit_stride, vec);
-      });
+      // Strided units (a history ring) row-fastest, and staged unit-major so
+      // that consecutive threads use consecutive shared-memory words too.
+      const bool rows_fastest = unit_stride != vec;
+      auto staged_at = [&](std::int32_t r, std::int64_t unit) {
+        return stage + (rows_fastest ? (unit * count + r) * vec : r * row_bytes + unit * vec);
+      };
+      for_each_unit<Threads>(
+          units, count,
+          [&](std::int32_t r, std::int64_t unit) {
+            if (dst_slot[r] >= 0) copy_unit(staged_at(r, unit), row_at(start + r) + unit * unit_stride, vec);
+          },
+          0, rows_fastest);
       __syncthreads();
-      for_each_unit<Threads>(units, count, [&](std::int32_t r, std::int64_t unit) {
-        if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]) + unit * unit_stride, stage + r * row_bytes + unit * vec, vec);
-      });
+      for_each_unit<Threads>(
+          units, count,
+          [&](std::int32_t r, std::int64_t unit) {
+            if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]) + unit * unit_stride, staged_at(r, unit), vec);
+          },
+          0, rows_fastest);
     } else if (dst_slot[0] >= 0) {
       // A row larger than the stage: one at a time, straight (its
       // destination's token has already moved, and the rows are distinct).
