@@ -190,7 +190,7 @@ else
   stage bench $?
   if [ "${SKIP_PDL:-0}" != 1 ]; then
     SCISSORHANDS_PDL=1 timeout 60 "$bench_bin" \
-      --benchmark_filter='^(observe_queries|observe_probabilities|compress)/batch:(1|32)/budget:2048(/m:1|/m:128)?$' \
+      --benchmark_filter='^(observe_queries|observe_probabilities|compress|compress_paged)/batch:(1|32)/budget:2048(/m:1|/m:128)?$' \
       --benchmark_out="$out/bench_pdl.json" --benchmark_out_format=json --benchmark_counters_tabular=true \
       >"$logs/bench-pdl.txt" 2>&1
     stage bench-pdl $?

@@ -15,6 +15,25 @@
 //                          (untimed) from a pristine copy: positions 0..B-1,
 //                          Scissorhands-like window counts floor(401 u^3)
 //                          as scores (many ties), so selection does real work.
+//   compress_paged         compress on the same K and V seen as a FlashInfer
+//                          paged cache (page size 16, NHD, each sequence's
+//                          pages consecutive in the pool; batch 1 and 32,
+//                          B = 2048): adds the listing counts' memset and
+//                          the shared-page check.
+//   compress_select        compress's first kernel alone (selection, no
+//                          moves; batch 1 and 32, B = 2048): with compress
+//                          at the same shape, how a call splits between
+//                          selecting and compacting plus the gap between
+//                          the two kernels.
+//   launch_pair            an empty first kernel that lets the second start
+//                          (griddepcontrol.launch_dependents) and an empty
+//                          second that waits for it, 256 blocks of 256
+//                          threads each: one kernel alone, the pair launched
+//                          the ordinary way, and the pair with programmatic
+//                          dependent launch (sm_90+). pair - one is what a
+//                          second launch costs a call, the figure that
+//                          decides whether fusing compress's two kernels
+//                          (issue 11) is worth its complexity.
 //   shrink_page_table      applying compress m=B/16's new lengths to a
 //                          FlashInfer table (page size 16, every sequence
 //                          at the budget), restored untimed before each call.
@@ -201,6 +220,32 @@ struct layer {
                             sh::device_span<const std::int32_t>(lengths.p, lengths.n), batch, kv_heads, head_dim,
                             capacity, sh::named_layout::nhd);
   }
+  // The same K and V as a FlashInfer paged cache: page size 16, NHD, so
+  // page b * pages_per_sequence + j is sequence b's slots 16j .. 16j + 15
+  // of the contiguous layout; each sequence lists its budget / 16 pages.
+  static constexpr int page_size = 16;
+  std::unique_ptr<device_array<std::int32_t>> indptr, indices, last_page_len;
+  sh::device_paged_kv_view<T> paged_view() {
+    const int per_sequence = capacity / page_size, used = budget / page_size;
+    if (!indptr) {
+      std::vector<std::int32_t> ptr(batch + 1), ids(static_cast<std::size_t>(batch) * used), last(batch, page_size);
+      for (int b = 0; b <= batch; ++b) ptr[b] = b * used;
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < used; ++j) ids[static_cast<std::size_t>(b) * used + j] = b * per_sequence + j;
+      auto up = [](std::unique_ptr<device_array<std::int32_t>>& d, const std::vector<std::int32_t>& h) {
+        d = std::make_unique<device_array<std::int32_t>>(h.size());
+        CHECK(cudaMemcpy(d->p, h.data(), sizeof(std::int32_t) * h.size(), cudaMemcpyHostToDevice));
+      };
+      up(indptr, ptr);
+      up(indices, ids);
+      up(last_page_len, last);
+    }
+    return sh::make_paged_kv_view(sh::device_span<T>(k.p, k.n), sh::device_span<T>(v.p, v.n),
+                                  sh::device_span<const std::int32_t>(indptr->p, indptr->n),
+                                  sh::device_span<const std::int32_t>(indices->p, indices->n),
+                                  sh::device_span<const std::int32_t>(last_page_len->p, last_page_len->n), batch,
+                                  kv_heads, head_dim, page_size, batch * per_sequence, per_sequence);
+  }
   std::size_t tokens() const { return static_cast<std::size_t>(batch) * kv_heads * budget; }
   double kv_bytes() const { return 2.0 * tokens() * head_dim * sizeof(T); }  // the layer's K and V at `budget`
   double k_bytes() const { return tokens() * head_dim * sizeof(T); }
@@ -329,22 +374,93 @@ void bm_observe_probabilities(benchmark::State& s, int batch, int budget, int st
 // rows and its state (12 bytes + ring) read and written. The ring is
 // word-major: a token's words are capacity x 4 bytes apart, so each one
 // moves a 32-byte DRAM sector each way (counted as such).
+double compress_bytes(const layer& l, int m) {
+  const double ring = 32.0 * l.state.shape.ring_words;
+  return l.tokens() * 12.0 +
+         static_cast<double>(l.batch) * kv_heads * m * 2.0 * (2.0 * head_dim * sizeof(T) + 12.0 + ring);
+}
+
+template <bool Paged>
 void bm_compress(benchmark::State& s, int batch, int budget, int m) {
   layer l(batch, budget);
   l.policy.config.evict_count = m;
-  // m changes the workspace size.
-  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.stream));
+  const auto view = [&] {
+    if constexpr (Paged) return l.paged_view();
+    else return l.view();
+  }();
+  // m (and a paged cache's listing counts) change the workspace size.
+  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, view, l.state, budget, {}, l.stream));
   l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
+  device_array<std::int32_t> freed(Paged ? static_cast<std::size_t>(batch) : 0);
+  const sh::compress_output<sh::memory_space::device> out{
+      sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n),
+      Paged ? sh::device_span<std::int32_t>(freed.p, freed.n) : sh::device_span<std::int32_t>{}};
   const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
-    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget,
-                             {sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n), {}}, l.stream));
+    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, view, l.state, budget, out, l.stream));
   });
   l.require_ok(s);
-  const double ring = 32.0 * l.state.shape.ring_words;
-  const double moved = l.tokens() * 12.0 +
-                       static_cast<double>(batch) * kv_heads * m * 2.0 * (2.0 * head_dim * sizeof(T) + 12.0 + ring);
-  report(s, l, moved, t);
+  report(s, l, compress_bytes(l, m), t);
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
+}
+
+// compress's selection kernel alone, launched as compress launches it
+// (contiguous cache); bytes: every token's position, score and observed
+// count read.
+void bm_compress_select(benchmark::State& s, int batch, int budget, int m) {
+  namespace d = sh::cuda::detail;
+  layer l(batch, budget);
+  l.policy.config.evict_count = m;
+  const auto view = l.view();
+  const d::compress_workspace::sizes sizes = d::compress_sizes(l.policy, view, l.state, budget);
+  l.workspace = std::make_unique<device_array<std::byte>>(d::compress_workspace::bytes(sizes));
+  const d::compress_workspace ws = d::compress_workspace::carve(l.workspace->p, sizes);
+  const d::sequence_table seqs = d::make_sequence_table(view);
+  using protector = sh::scissorhands_policy::protector;
+  constexpr bool highest = sh::evicts_highest<sh::scissorhands_policy::observation>;
+  const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
+    d::select_kernel<protector, highest><<<dim3(kv_heads, batch), sh::cuda::select_traits::threads, 0, l.stream>>>(
+        l.policy.config, seqs, l.state, budget, ws);
+    CHECK(cudaPeekAtLastError());
+  });
+  l.require_ok(s);
+  report(s, l, l.tokens() * 12.0, t);
+}
+
+// Two empty kernels in stream order, the second depending on the first
+// (each block's first thread writes one word): the cost of a call's second
+// launch, without the work.
+__global__ void pair_first(std::int32_t* words) {
+  sh::cuda::detail::allow_second_kernel();
+  if (threadIdx.x == 0) words[blockIdx.x] = 1;
+}
+__global__ void pair_second(std::int32_t* words) {
+  sh::cuda::detail::wait_for_first_kernel();
+  if (threadIdx.x == 0) words[blockIdx.x] += 1;
+}
+enum class pair_mode { one_kernel, ordinary, programmatic };
+void bm_launch_pair(benchmark::State& s, pair_mode mode) {
+  constexpr unsigned blocks = 256, threads = 256;
+  device_array<std::int32_t> words(blocks);
+  int device = 0, major = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (mode == pair_mode::programmatic && major < 9) {
+    s.SkipWithError("programmatic dependent launch needs compute capability 9.0 or more");
+    for (auto _ : s) {
+    }
+    return;
+  }
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double t = time_calls(s, stream, [] {}, [&] {
+    pair_first<<<blocks, threads, 0, stream>>>(words.p);
+    if (mode == pair_mode::ordinary) pair_second<<<blocks, threads, 0, stream>>>(words.p);
+    if (mode == pair_mode::programmatic)
+      sh::cuda::detail::launch_programmatic(pair_second, blocks, threads, 0, stream, words.p);
+    CHECK(cudaPeekAtLastError());
+  });
+  s.counters["us_per_call"] = t * 1e6;
+  CHECK(cudaStreamDestroy(stream));
 }
 
 // Applying compress m = budget/16's new lengths to a FlashInfer table of
@@ -443,14 +559,14 @@ int main(int argc, char** argv) {
                               sh::cuda::programmatic_launch_requested() && prop.major >= 9 ? "on" : "off");
   benchmark::AddCustomContext("copy_GBps", std::to_string(g_copy_bandwidth * 1e-9));
 
+  // Fixed iteration counts: each iteration syncs, and a time-based count
+  // would run 10^5 iterations of a 5 us call.
+  auto setup = [](benchmark::internal::Benchmark* b) {
+    b->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(g_iterations);
+  };
   for (int batch : {1, 8, 32, 64})
     for (int budget : {512, 2048, 8192}) {
       const std::string shape = "/batch:" + std::to_string(batch) + "/budget:" + std::to_string(budget);
-      // Fixed iteration counts: each iteration syncs, and a time-based count
-      // would run 10^5 iterations of a 5 us call.
-      auto setup = [](benchmark::internal::Benchmark* b) {
-        b->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(g_iterations);
-      };
       setup(benchmark::RegisterBenchmark(("copy" + shape).c_str(), bm_copy, batch, budget));
       setup(benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), bm_observe_queries, batch, budget, 0));
       setup(benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), bm_observe_probabilities, batch,
@@ -466,11 +582,21 @@ int main(int argc, char** argv) {
         setup(benchmark::RegisterBenchmark(("observe_probabilities" + big).c_str(), bm_observe_probabilities, batch,
                                            budget, 32768));
       }
-      for (int m : {1, budget / 16})
-        setup(benchmark::RegisterBenchmark(("compress" + shape + "/m:" + std::to_string(m)).c_str(), bm_compress,
-                                           batch, budget, m));
+      for (int m : {1, budget / 16}) {
+        const std::string with_m = shape + "/m:" + std::to_string(m);
+        setup(benchmark::RegisterBenchmark(("compress" + with_m).c_str(), bm_compress<false>, batch, budget, m));
+        if (budget == 2048 && (batch == 1 || batch == 32)) {
+          setup(benchmark::RegisterBenchmark(("compress_paged" + with_m).c_str(), bm_compress<true>, batch, budget,
+                                             m));
+          setup(benchmark::RegisterBenchmark(("compress_select" + with_m).c_str(), bm_compress_select, batch,
+                                             budget, m));
+        }
+      }
       setup(benchmark::RegisterBenchmark(("shrink_page_table" + shape).c_str(), bm_shrink_page_table, batch, budget));
     }
+  setup(benchmark::RegisterBenchmark("launch_pair/kernels:1", bm_launch_pair, pair_mode::one_kernel));
+  setup(benchmark::RegisterBenchmark("launch_pair/kernels:2", bm_launch_pair, pair_mode::ordinary));
+  setup(benchmark::RegisterBenchmark("launch_pair/kernels:2/programmatic", bm_launch_pair, pair_mode::programmatic));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
