@@ -210,15 +210,14 @@ int main(int argc, char** argv) {
   }
   require_device_or_skip(argv[0]);
   print_device(seed);
-  auto want = [&](const char* part) { return selected(only, part); };
   int failures = 0;
-  if (want("differential")) failures += run_differential(configs, seed, quick, long_first);
-  if (want("errors")) failures += run_error_tests();
-  if (want("shrink")) failures += run_shrink_tests(seed, quick);
-  if (want("graph")) failures += run_graph_test(graph_steps);
-  if (want("wide_elements")) failures += run_wide_elements();
-  if (want("quantized")) failures += quantized_tests::run_differential();
-  if (want("quantized_checks")) failures += quantized_tests::run_checks();
+  failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
+  failures += run_part(only, "errors", [] { return run_error_tests(); });
+  failures += run_part(only, "shrink", [&] { return run_shrink_tests(seed, quick); });
+  failures += run_part(only, "graph", [&] { return run_graph_test(graph_steps); });
+  failures += run_part(only, "wide_elements", [] { return run_wide_elements(); });
+  failures += run_part(only, "quantized", [] { return quantized_tests::run_differential(); });
+  failures += run_part(only, "quantized_checks", [] { return quantized_tests::run_checks(); });
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -61,6 +61,21 @@ inline bool selected(const std::string& only, const char* part) {
   return only.empty() || ("," + only + ",").find(std::string(",") + part + ",") != std::string::npos;
 }
 
+// Runs one part of a suite when --only selects it and returns its failures:
+// an exception (a host reference call refusing its arguments, say) fails
+// that part, reported, and the suite goes on to the next instead of
+// terminating.
+template <class Part>
+int run_part(const std::string& only, const char* name, Part&& part) {
+  if (!selected(only, name)) return 0;
+  try {
+    return part();
+  } catch (const std::exception& e) {
+    std::printf("%s: FAILED with an exception: %s\n", name, e.what());
+    return 1;
+  }
+}
+
 template <class T>
 class device_buffer {
  public:

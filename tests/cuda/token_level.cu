@@ -1641,17 +1641,19 @@ int main(int argc, char** argv) {
   if (quick) configs = std::min(configs, 24);
   require_device_or_skip(argv[0]);
   print_device(seed);
-  auto want = [&](const char* part) { return selected(only, part); };
   int failures = 0;
-  if (want("differential")) failures += run_differential(configs, seed, quick, long_first);
-  if (want("errors")) failures += run_error_tests();
-  if (want("graph")) failures += run_graph_test();
-  if (want("tensor_parallel")) failures += run_tensor_parallel(false);
-  if (!only.empty() && want("tensor_parallel_multi_gpu")) {
+  failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
+  failures += run_part(only, "errors", [] { return run_error_tests(); });
+  failures += run_part(only, "graph", [] { return run_graph_test(); });
+  failures += run_part(only, "tensor_parallel", [] { return run_tensor_parallel(false); });
+  if (!only.empty()) {
     // Its own CTest entry: skipped (77) below two devices.
-    const int r = run_tensor_parallel(true);
-    if (r < 0) return 77;
-    failures += r;
+    int multi = 0;
+    failures += run_part(only, "tensor_parallel_multi_gpu", [&] {
+      multi = run_tensor_parallel(true);
+      return multi < 0 ? 0 : multi;
+    });
+    if (multi < 0) return 77;
   }
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
