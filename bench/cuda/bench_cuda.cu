@@ -25,6 +25,10 @@
 //                          at the same shape, how a call splits between
 //                          selecting and compacting plus the gap between
 //                          the two kernels.
+//   compress_ordered       compress with compaction::preserve_order (batch 1
+//                          and 32, B = 2048): the order-preserving shift
+//                          (also what compact and forget run), with the
+//                          rows it shifted counted.
 //   launch_pair            an empty first kernel that lets the second start
 //                          (griddepcontrol.launch_dependents) and an empty
 //                          second that waits for it, 256 blocks of 256
@@ -403,6 +407,51 @@ void bm_compress(benchmark::State& s, int batch, int budget, int m) {
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
 }
 
+// compress with compaction::preserve_order (contiguous cache): every kept
+// row above a head's first evicted slot shifts down. Bytes: the keys read,
+// and each shifted row's K and V rows, position, score, observed count and
+// ring words read and written (the ring coalesced: 4 bytes a word); the
+// shifted rows are counted after the run from the positions before and
+// after the last call (positions are unique in a head: the first slot
+// whose position changed is the first evicted).
+void bm_compress_ordered(benchmark::State& s, int batch, int budget, int m) {
+  layer l(batch, budget);
+  l.policy.config.evict_count = m;
+  l.policy.config.compaction_mode = sh::compaction::preserve_order;
+  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.stream));
+  l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
+  const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
+    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget,
+                             {sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n), {}}, l.stream));
+  });
+  l.require_ok(s);
+  struct free_deleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  const std::size_t rounded = (l.state_size + 255) / 256 * 256;
+  std::unique_ptr<std::byte, free_deleter> before(static_cast<std::byte*>(std::aligned_alloc(256, rounded))),
+      after(static_cast<std::byte*>(std::aligned_alloc(256, rounded)));
+  CHECK(cudaMemcpy(before.get(), l.pristine->p, l.state_size, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(after.get(), l.state_buf->p, l.state_size, cudaMemcpyDeviceToHost));
+  const auto b0 = sh::make_state(sh::host_span<std::byte>(before.get(), l.state_size), l.state.shape);
+  const auto b1 = sh::make_state(sh::host_span<std::byte>(after.get(), l.state_size), l.state.shape);
+  double shifted = 0.0;
+  for (int r = 0; r < l.state.shape.rows; ++r)
+    for (int h = 0; h < kv_heads; ++h) {
+      int first = budget - m;
+      for (int t = 0; t < budget - m; ++t)
+        if (b0.positions[b0.row_index(r, h, t)] != b1.positions[b1.row_index(r, h, t)]) {
+          first = t;
+          break;
+        }
+      shifted += budget - m - first;
+    }
+  const double row = 2.0 * head_dim * sizeof(T) + 12.0 + 4.0 * l.state.shape.ring_words;
+  report(s, l, l.tokens() * 12.0 + shifted * 2.0 * row, t);
+  s.counters["shifted_rows_per_head"] = shifted / (static_cast<double>(l.state.shape.rows) * kv_heads);
+  s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
+}
+
 // compress's selection kernel alone, launched as compress launches it
 // (contiguous cache); bytes: every token's position, score and observed
 // count read.
@@ -589,6 +638,8 @@ int main(int argc, char** argv) {
           setup(benchmark::RegisterBenchmark(("compress_paged" + with_m).c_str(), bm_compress<true>, batch, budget,
                                              m));
           setup(benchmark::RegisterBenchmark(("compress_select" + with_m).c_str(), bm_compress_select, batch,
+                                             budget, m));
+          setup(benchmark::RegisterBenchmark(("compress_ordered" + with_m).c_str(), bm_compress_ordered, batch,
                                              budget, m));
         }
       }

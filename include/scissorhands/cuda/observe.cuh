@@ -209,31 +209,31 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
                                         cache.batch, qk_chunk_traits::min_chunk, qk_chunk_traits::max_blocks);
     const std::size_t smem = static_cast<std::size_t>(group) * static_cast<std::size_t>(cache.head_dim) * sizeof(float);
     const bool vectorised = detail::key_rows_vectorised(rows, cache.head_dim);
-    // A quantized cache takes the generic paths only: two kernels per
-    // policy for both formats instead of a fast path per format and size;
-    // so does an engine's element type wider than 4 bytes (the fast paths
-    // hold four or more elements a 16-byte vector).
+    // The kernel for head_dim `dim` (a std::integral_constant): -1 scalar
+    // (rows not 16-byte aligned), 0 generic, else a fast path. A quantized
+    // cache takes the generic paths only (two kernels per policy for both
+    // formats instead of a fast path per format and size), and so does an
+    // engine's element type wider than 4 bytes (the fast paths hold four or
+    // more elements a 16-byte vector).
+    auto launch = [&](auto dim) {
+      detail::launch_queries<Policy, Rows, Q, decltype(dim)::value>(policy, seqs, rows, cache.head_dim, state,
+                                                                   queries, lse, scale, grid, smem, stream);
+    };
+    using std::integral_constant;
     if (!vectorised)
-      detail::launch_queries<Policy, Rows, Q, -1>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                  grid, smem, stream);
+      launch(integral_constant<int, -1>{});
     else if constexpr (is_quantized_view_v<View> || sizeof(T) > 4)
-      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                 grid, smem, stream);
+      launch(integral_constant<int, 0>{});
     else if constexpr (HeadDim != 0)
-      detail::launch_queries<Policy, Rows, Q, HeadDim>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                       grid, smem, stream);
+      launch(integral_constant<int, HeadDim>{});
     else if (cache.head_dim == 64)
-      detail::launch_queries<Policy, Rows, Q, 64>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                  grid, smem, stream);
+      launch(integral_constant<int, 64>{});
     else if (cache.head_dim == 128)
-      detail::launch_queries<Policy, Rows, Q, 128>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                   grid, smem, stream);
+      launch(integral_constant<int, 128>{});
     else if (cache.head_dim == 256)
-      detail::launch_queries<Policy, Rows, Q, 256>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                   grid, smem, stream);
+      launch(integral_constant<int, 256>{});
     else
-      detail::launch_queries<Policy, Rows, Q, 0>(policy, seqs, rows, cache.head_dim, state, queries, lse, scale,
-                                                 grid, smem, stream);
+      launch(integral_constant<int, 0>{});
     return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
   }
 }
