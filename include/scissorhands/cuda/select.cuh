@@ -328,9 +328,10 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
       <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
                                                                                   page_counts);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads, 0, stream,
-                        policy.config.compaction_mode == compaction::preserve_order, true, seqs,
-                        detail::make_row_planes(cache), state, sel, page_counts);
+  const bool stable = policy.config.compaction_mode == compaction::preserve_order;
+  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads,
+                        compact_traits::stage_for(stable), stream, stable, true, seqs, detail::make_row_planes(cache),
+                        state, sel, page_counts);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 
@@ -356,8 +357,9 @@ cudaError_t forget(const Policy& policy, View cache, eviction_state<memory_space
       <<<static_cast<unsigned>(cache.batch), slot_traits::threads, 0, stream>>>(policy.config, seqs, state, sel,
                                                                                   nullptr);
   const dim3 grid(static_cast<unsigned>(cache.kv_heads), static_cast<unsigned>(cache.batch));
-  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads, 0, stream, true, false, seqs,
-                        detail::row_planes{}, state, sel, static_cast<const std::int32_t*>(nullptr));
+  detail::launch_second(detail::apply_selection_kernel<>, grid, compact_traits::threads, compact_traits::stage_for(true),
+                        stream, true, false, seqs, detail::row_planes{}, state, sel,
+                        static_cast<const std::int32_t*>(nullptr));
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 

@@ -90,7 +90,16 @@ struct select_traits {
 struct compact_traits {
   static constexpr int threads = 256;
   static constexpr int pair_batch = threads;     // (hole, source) pairs resolved per round
-  static constexpr int stage_bytes = 16 * 1024;  // staging buffer of the order-preserving shift
+  // The order-preserving shift stages the rows of up to shift_group slots,
+  // of every array it moves, in stage_bytes of dynamic shared memory, given
+  // only to launches that shift (stage_for): 40 KiB hold 70 slots of a
+  // Llama-3-8B bf16 head (K and V 512 bytes, the state 64), under the
+  // 48 KiB a launch may ask without opting in, and four blocks still fit
+  // an H100/H200 SM.
+  static constexpr int stage_bytes = 40 * 1024;
+  static constexpr int shift_group = 1024;  // dst_slot's size: also holds pair_batch pairs' destinations
+  static constexpr std::size_t stage_for(bool stable) { return stable ? stage_bytes : 0; }
+  static_assert(shift_group >= pair_batch && stage_bytes > 16 * 8);
   static_assert(stage_bytes % 16 == 0 && threads % 32 == 0);
 };
 

@@ -86,23 +86,97 @@ __device__ void move_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::in
       first_thread, unit_stride != vec);
 }
 
-// Shifts the kept rows of [first, len) down in slot order: slot t (not
-// evicted) goes to dst_of(t) <= t. `evicted` is the ascending list of the
-// e evicted slots. Rows are staged through shared memory `stage` a group at
-// a time: every source of a group is read before any of its destinations is
-// written, and a destination is never a later group's source (dst_of(t) <=
-// t), so the shift is safe in place. `dst_slot` holds `max_group` ints.
-// The stage holds rows contiguously, strided ones (a ring) unit-major.
+// One array the order-preserving shift moves: row t at row_at(t), of
+// row_bytes bytes in units of `vec` bytes, unit u at u * unit_stride (see
+// move_rows). row_bytes == 0: absent (skipped).
+template <class RowAt>
+struct shifted_rows {
+  RowAt row_at;
+  std::int64_t row_bytes;
+  int vec;
+  std::int64_t unit_stride;
+};
+
+namespace detail {
+// Each array's part of the stage starts 16-byte aligned.
+__device__ inline std::int64_t stage_align(std::int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// Copies the group's kept rows [start, start + count) of one array into
+// its part of the stage (at `at`), or (out) from there to their
+// destinations; advances `at` past the part. Contiguous units go
+// row-major, strided ones (a history ring) row-fastest and unit-major, so
+// that consecutive threads touch consecutive words in memory and stage.
 template <int Threads, class RowAt>
-__device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::int64_t unit_stride,
-                           const std::int32_t* evicted,
-                           std::int32_t e, std::int32_t len, std::byte* stage, std::int64_t stage_bytes,
-                           std::int32_t* dst_slot, std::int32_t max_group) {
+__device__ void stage_rows(shifted_rows<RowAt> a, bool out, std::int32_t start, std::int32_t count,
+                           const std::int32_t* dst_slot, std::byte* stage, std::int64_t& at) {
+  if (a.row_bytes == 0) return;
+  const std::int64_t units = a.row_bytes / a.vec;
+  const bool rows_fastest = a.unit_stride != a.vec;
+  std::byte* part = stage + at;
+  for_each_unit<Threads>(
+      units, count,
+      [&](std::int32_t r, std::int64_t unit) {
+        if (dst_slot[r] < 0) return;
+        std::byte* staged = part + (rows_fastest ? (unit * count + r) * a.vec : r * a.row_bytes + unit * a.vec);
+        if (out)
+          copy_unit(a.row_at(dst_slot[r]) + unit * a.unit_stride, staged, a.vec);
+        else
+          copy_unit(staged, a.row_at(start + r) + unit * a.unit_stride, a.vec);
+      },
+      0, rows_fastest);
+  at += stage_align(count * a.row_bytes);
+}
+
+// One array whose row is larger than the stage: row by row, straight, in
+// slot order. No barrier: a thread moves the same units of every row, so
+// the units of row t that a later row overwrites were read by that same
+// thread, earlier.
+template <int Threads, class RowAt>
+__device__ void shift_unstaged(shifted_rows<RowAt> a, const std::int32_t* evicted, std::int32_t e,
+                               std::int32_t len) {
+  if (a.row_bytes == 0) return;
+  const std::int64_t units = a.row_bytes / a.vec;
+  std::int32_t next = 1;  // the next evicted slot above evicted[0]; also #evicted below t
+  for (std::int32_t t = evicted[0] + 1; t < len; ++t) {
+    if (next < e && evicted[next] == t) {
+      ++next;
+      continue;
+    }
+    for (std::int64_t i = threadIdx.x; i < units; i += Threads)
+      copy_unit(a.row_at(t - next) + i * a.unit_stride, a.row_at(t) + i * a.unit_stride, a.vec);
+  }
+}
+}  // namespace detail
+
+// Shifts the kept rows of every array down in slot order, together: slot t
+// (not evicted, t < len) goes to t - #{evicted slots below t}. `evicted` is
+// the ascending list of the e evicted slots. The rows of a group of slots,
+// of every array, are staged through shared memory `stage`: every source
+// of a group is read before any destination is written, and a destination
+// is never a later group's source (it is at or below its slot), so the
+// shift is safe in place. One rank search and three barriers a group for
+// all the arrays, the group as many slots as the stage holds rows of all
+// of them (at most max_group: `dst_slot` holds that many ints). If not
+// even one slot's rows of all the arrays fit, each array is shifted on its
+// own, and one whose single row does not fit, one row at a time.
+template <int Threads, class... RowAt>
+__device__ void shift_rows(const std::int32_t* evicted, std::int32_t e, std::int32_t len, std::byte* stage,
+                           std::int64_t stage_bytes, std::int32_t* dst_slot, std::int32_t max_group,
+                           shifted_rows<RowAt>... arrays) {
   if (e == 0) return;
-  const std::int64_t units = row_bytes / vec;
-  std::int64_t fit = stage_bytes / row_bytes;
-  const bool staged = fit >= 1;
-  const std::int32_t group = staged ? static_cast<std::int32_t>(fit < max_group ? fit : max_group) : 1;
+  const std::int64_t row_bytes = (arrays.row_bytes + ... + 0);
+  if (row_bytes == 0) return;
+  // Room for each part's alignment padding.
+  const std::int64_t fit = (stage_bytes - 16 * std::int64_t{sizeof...(RowAt)}) / row_bytes;
+  if (fit < 1) {
+    if constexpr (sizeof...(RowAt) > 1) {
+      (shift_rows<Threads>(evicted, e, len, stage, stage_bytes, dst_slot, max_group, arrays), ...);
+    } else {
+      (detail::shift_unstaged<Threads>(arrays, evicted, e, len), ...);
+    }
+    return;
+  }
+  const std::int32_t group = static_cast<std::int32_t>(fit < max_group ? fit : max_group);
   for (std::int32_t start = evicted[0] + 1; start < len; start += group) {
     const std::int32_t count = len - start < group ? len - start : group;
     // dst_slot[i] for slot start + i: -1 if evicted; else start + i - rank.
@@ -116,32 +190,11 @@ __device__ void shift_rows(RowAt row_at, std::int64_t row_bytes, int vec, std::i
       dst_slot[i] = (lo < e && evicted[lo] == t) ? -1 : t - lo;
     }
     __syncthreads();
-    if (staged) {
-      // Strided units (a history ring) row-fastest, and staged unit-major so
-      // that consecutive threads use consecutive shared-memory words too.
-      const bool rows_fastest = unit_stride != vec;
-      auto staged_at = [&](std::int32_t r, std::int64_t unit) {
-        return stage + (rows_fastest ? (unit * count + r) * vec : r * row_bytes + unit * vec);
-      };
-      for_each_unit<Threads>(
-          units, count,
-          [&](std::int32_t r, std::int64_t unit) {
-            if (dst_slot[r] >= 0) copy_unit(staged_at(r, unit), row_at(start + r) + unit * unit_stride, vec);
-          },
-          0, rows_fastest);
-      __syncthreads();
-      for_each_unit<Threads>(
-          units, count,
-          [&](std::int32_t r, std::int64_t unit) {
-            if (dst_slot[r] >= 0) copy_unit(row_at(dst_slot[r]) + unit * unit_stride, staged_at(r, unit), vec);
-          },
-          0, rows_fastest);
-    } else if (dst_slot[0] >= 0) {
-      // A row larger than the stage: one at a time, straight (its
-      // destination's token has already moved, and the rows are distinct).
-      for (std::int64_t i = threadIdx.x; i < units; i += Threads)
-        copy_unit(row_at(dst_slot[0]) + i * unit_stride, row_at(start) + i * unit_stride, vec);
-    }
+    std::int64_t at = 0;
+    (detail::stage_rows<Threads>(arrays, false, start, count, dst_slot, stage, at), ...);
+    __syncthreads();
+    at = 0;
+    (detail::stage_rows<Threads>(arrays, true, start, count, dst_slot, stage, at), ...);
     __syncthreads();
   }
 }

@@ -282,8 +282,11 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
                                     const eviction_state<memory_space::device>& state, std::int32_t b, std::int32_t h,
                                     std::int32_t r, std::int32_t len, std::int32_t e, const std::int32_t* evicted) {
   using traits = compact_traits;
-  __shared__ uint4 stage[traits::stage_bytes / sizeof(uint4)];
-  __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::pair_batch];
+  // The shift's stage is the launch's dynamic shared memory
+  // (compact_traits::stage_bytes when stable, else none): fill_holes
+  // launches do not reserve it.
+  extern __shared__ uint4 stage[];
+  __shared__ std::int32_t src_slot[traits::pair_batch], dst_slot[traits::shift_group];
   const std::int32_t kept = len - e;
   const std::int64_t base = state.row_index(r, h, 0);
   const std::int32_t words = state.shape.ring_words;
@@ -347,26 +350,31 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
       __syncthreads();
     }
   } else {
+    // Every array in one staged pass (block::shift_rows): K and V of each
+    // plane when they move, then the token state.
+    const block::shifted_rows<strided_rows> pos{pos_at, 4, 4, 4}, score{score_at, 4, 4, 4},
+        observed{observed_at, 4, 4, 4}, ring{ring_at, std::int64_t{words} * 4, 4, ring_unit_stride};
     auto* staging = reinterpret_cast<std::byte*>(stage);
-    if (move_kv)
-#pragma unroll
-      for (int p = 0; p < row_planes::max_planes; ++p) {
-        if (p >= planes.count) break;
-        const std::int32_t vec = planes.vec[p];
-        block::shift_rows<traits::threads>(k_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, evicted, e,
-                                           len, staging, traits::stage_bytes, dst_slot, traits::pair_batch);
-        block::shift_rows<traits::threads>(v_rows{planes.rows[p], b, h}, planes.row_bytes[p], vec, vec, evicted, e,
-                                           len, staging, traits::stage_bytes, dst_slot, traits::pair_batch);
-      }
-    block::shift_rows<traits::threads>(pos_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                       traits::pair_batch);
-    block::shift_rows<traits::threads>(score_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                       traits::pair_batch);
-    block::shift_rows<traits::threads>(observed_at, 4, 4, 4, evicted, e, len, staging, traits::stage_bytes, dst_slot,
-                                       traits::pair_batch);
-    if (words > 0)
-      block::shift_rows<traits::threads>(ring_at, std::int64_t{words} * 4, 4, ring_unit_stride, evicted, e, len, staging,
-                                         traits::stage_bytes, dst_slot, traits::pair_batch);
+    auto shift = [&](auto... arrays) {
+      block::shift_rows<traits::threads>(evicted, e, len, staging, traits::stage_bytes, dst_slot, traits::shift_group,
+                                         arrays..., pos, score, observed, ring);
+    };
+    // The planes by constant index, so `planes` stays in the kernel's
+    // parameters (a run-time index copies it to local memory).
+    auto k_of = [&](int p) {
+      return block::shifted_rows<k_rows>{k_rows{planes.rows[p], b, h}, planes.row_bytes[p], planes.vec[p],
+                                         planes.vec[p]};
+    };
+    auto v_of = [&](int p) {
+      return block::shifted_rows<v_rows>{v_rows{planes.rows[p], b, h}, planes.row_bytes[p], planes.vec[p],
+                                         planes.vec[p]};
+    };
+    if (!move_kv || planes.count == 0)
+      shift();
+    else if (planes.count == 1)
+      shift(k_of(0), v_of(0));
+    else
+      shift(k_of(0), v_of(0), k_of(1), v_of(1));
   }
 }
 
