@@ -373,21 +373,62 @@ void bm_observe_probabilities(benchmark::State& s, int batch, int budget, int st
   s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
 }
 
-// Bytes compress must move: position, score and observed count of every
-// token read (selection), and per evicted token its hole filled: K and V
-// rows and its state (12 bytes + ring) read and written. The ring is
-// word-major: a token's words are capacity x 4 bytes apart, so each one
-// moves a 32-byte DRAM sector each way (counted as such).
+// Bytes compress (fill_holes) must move: position, score and observed
+// count of every token read (selection), and per evicted token its hole
+// filled: K and V rows and its state (12 bytes + ring) read and written.
+// The ring is word-major (a token's words capacity x 4 bytes apart) and
+// moved row-fastest: the holes are scattered, so each word written is a
+// 32-byte DRAM sector; the sources (survivors above the new length) are
+// consecutive, 4 bytes a word read, but a lone source (m = 1) is a sector
+// too.
 double compress_bytes(const layer& l, int m) {
-  const double ring = 32.0 * l.state.shape.ring_words;
+  const double ring = (m == 1 ? 64.0 : 36.0) * l.state.shape.ring_words;
   return l.tokens() * 12.0 +
-         static_cast<double>(l.batch) * kv_heads * m * 2.0 * (2.0 * head_dim * sizeof(T) + 12.0 + ring);
+         static_cast<double>(l.batch) * kv_heads * m * (2.0 * (2.0 * head_dim * sizeof(T) + 12.0) + ring);
 }
 
-template <bool Paged>
+// Bytes compress with preserve_order moves: the keys read, and each
+// shifted row's K and V rows, position, score, observed count and ring
+// words read and written (runs of consecutive slots: the ring coalesced, 4
+// bytes a word). The shifted rows are counted from the positions before
+// and after the last call (positions are unique in a head: the first slot
+// whose position changed is the first evicted); `shifted` gets them per
+// head.
+double ordered_bytes(const layer& l, int m, double& shifted) {
+  struct free_deleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  const std::size_t rounded = (l.state_size + 255) / 256 * 256;
+  std::unique_ptr<std::byte, free_deleter> before(static_cast<std::byte*>(std::aligned_alloc(256, rounded))),
+      after(static_cast<std::byte*>(std::aligned_alloc(256, rounded)));
+  CHECK(cudaMemcpy(before.get(), l.pristine->p, l.state_size, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(after.get(), l.state_buf->p, l.state_size, cudaMemcpyDeviceToHost));
+  const auto b0 = sh::make_state(sh::host_span<std::byte>(before.get(), l.state_size), l.state.shape);
+  const auto b1 = sh::make_state(sh::host_span<std::byte>(after.get(), l.state_size), l.state.shape);
+  const int kept = l.budget - m;
+  double rows = 0.0;
+  for (int r = 0; r < l.state.shape.rows; ++r)
+    for (int h = 0; h < kv_heads; ++h) {
+      int first = kept;
+      for (int t = 0; t < kept; ++t)
+        if (b0.positions[b0.row_index(r, h, t)] != b1.positions[b1.row_index(r, h, t)]) {
+          first = t;
+          break;
+        }
+      rows += kept - first;
+    }
+  shifted = rows / (static_cast<double>(l.state.shape.rows) * kv_heads);
+  const double row = 2.0 * head_dim * sizeof(T) + 12.0 + 4.0 * l.state.shape.ring_words;
+  return l.tokens() * 12.0 + rows * 2.0 * row;
+}
+
+// compress on the contiguous cache (Paged: the same K and V as a paged
+// cache), fill_holes or (ordered) preserve_order.
+template <bool Paged, bool Ordered = false>
 void bm_compress(benchmark::State& s, int batch, int budget, int m) {
   layer l(batch, budget);
   l.policy.config.evict_count = m;
+  if constexpr (Ordered) l.policy.config.compaction_mode = sh::compaction::preserve_order;
   const auto view = [&] {
     if constexpr (Paged) return l.paged_view();
     else return l.view();
@@ -403,52 +444,13 @@ void bm_compress(benchmark::State& s, int batch, int budget, int m) {
     CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, view, l.state, budget, out, l.stream));
   });
   l.require_ok(s);
-  report(s, l, compress_bytes(l, m), t);
-  s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
-}
-
-// compress with compaction::preserve_order (contiguous cache): every kept
-// row above a head's first evicted slot shifts down. Bytes: the keys read,
-// and each shifted row's K and V rows, position, score, observed count and
-// ring words read and written (the ring coalesced: 4 bytes a word); the
-// shifted rows are counted after the run from the positions before and
-// after the last call (positions are unique in a head: the first slot
-// whose position changed is the first evicted).
-void bm_compress_ordered(benchmark::State& s, int batch, int budget, int m) {
-  layer l(batch, budget);
-  l.policy.config.evict_count = m;
-  l.policy.config.compaction_mode = sh::compaction::preserve_order;
-  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, l.view(), l.state, budget, {}, l.stream));
-  l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
-  const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
-    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, l.view(), l.state, budget,
-                             {sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n), {}}, l.stream));
-  });
-  l.require_ok(s);
-  struct free_deleter {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  const std::size_t rounded = (l.state_size + 255) / 256 * 256;
-  std::unique_ptr<std::byte, free_deleter> before(static_cast<std::byte*>(std::aligned_alloc(256, rounded))),
-      after(static_cast<std::byte*>(std::aligned_alloc(256, rounded)));
-  CHECK(cudaMemcpy(before.get(), l.pristine->p, l.state_size, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(after.get(), l.state_buf->p, l.state_size, cudaMemcpyDeviceToHost));
-  const auto b0 = sh::make_state(sh::host_span<std::byte>(before.get(), l.state_size), l.state.shape);
-  const auto b1 = sh::make_state(sh::host_span<std::byte>(after.get(), l.state_size), l.state.shape);
-  double shifted = 0.0;
-  for (int r = 0; r < l.state.shape.rows; ++r)
-    for (int h = 0; h < kv_heads; ++h) {
-      int first = budget - m;
-      for (int t = 0; t < budget - m; ++t)
-        if (b0.positions[b0.row_index(r, h, t)] != b1.positions[b1.row_index(r, h, t)]) {
-          first = t;
-          break;
-        }
-      shifted += budget - m - first;
-    }
-  const double row = 2.0 * head_dim * sizeof(T) + 12.0 + 4.0 * l.state.shape.ring_words;
-  report(s, l, l.tokens() * 12.0 + shifted * 2.0 * row, t);
-  s.counters["shifted_rows_per_head"] = shifted / (static_cast<double>(l.state.shape.rows) * kv_heads);
+  if constexpr (Ordered) {
+    double shifted = 0.0;
+    report(s, l, ordered_bytes(l, m, shifted), t);
+    s.counters["shifted_rows_per_head"] = shifted;
+  } else {
+    report(s, l, compress_bytes(l, m), t);
+  }
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
 }
 
@@ -639,7 +641,7 @@ int main(int argc, char** argv) {
                                              m));
           setup(benchmark::RegisterBenchmark(("compress_select" + with_m).c_str(), bm_compress_select, batch,
                                              budget, m));
-          setup(benchmark::RegisterBenchmark(("compress_ordered" + with_m).c_str(), bm_compress_ordered, batch,
+          setup(benchmark::RegisterBenchmark(("compress_ordered" + with_m).c_str(), bm_compress<false, true>, batch,
                                              budget, m));
         }
       }

@@ -154,9 +154,8 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                                                                                            budget, ws);
   const bool stable = policy.config.compaction_mode == compaction::preserve_order;
   detail::launch_second(detail::compact_kernel<>, grid, compact_traits::threads, compact_traits::stage_for(stable),
-                        stream, policy.config, seqs,
-                        detail::make_row_planes(cache), state, budget, ws, out.new_lengths.data(),
-                        out.freed_pages.empty() ? nullptr : out.freed_pages.data());
+                        stream, policy.config, seqs, detail::make_row_planes(cache), state, budget, ws,
+                        out.new_lengths.data(), out.freed_pages.empty() ? nullptr : out.freed_pages.data());
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
 }
 

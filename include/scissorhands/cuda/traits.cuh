@@ -99,6 +99,8 @@ struct compact_traits {
   static constexpr int stage_bytes = 40 * 1024;
   static constexpr int shift_group = 1024;  // dst_slot's size: also holds pair_batch pairs' destinations
   static constexpr std::size_t stage_for(bool stable) { return stable ? stage_bytes : 0; }
+  // The stage also holds 16 bytes of alignment room for each of the up to
+  // eight arrays a shift moves (K and V of two planes, the token state).
   static_assert(shift_group >= pair_batch && stage_bytes > 16 * 8);
   static_assert(stage_bytes % 16 == 0 && threads % 32 == 0);
 };

@@ -359,22 +359,18 @@ __device__ inline void compact_rows(bool stable, const row_planes& planes, bool 
       block::shift_rows<traits::threads>(evicted, e, len, staging, traits::stage_bytes, dst_slot, traits::shift_group,
                                          arrays..., pos, score, observed, ring);
     };
-    // The planes by constant index, so `planes` stays in the kernel's
-    // parameters (a run-time index copies it to local memory).
-    auto k_of = [&](int p) {
-      return block::shifted_rows<k_rows>{k_rows{planes.rows[p], b, h}, planes.row_bytes[p], planes.vec[p],
-                                         planes.vec[p]};
-    };
-    auto v_of = [&](int p) {
-      return block::shifted_rows<v_rows>{v_rows{planes.rows[p], b, h}, planes.row_bytes[p], planes.vec[p],
-                                         planes.vec[p]};
+    // Plane p's K and V rows, by constant index, so `planes` stays in the
+    // kernel's parameters (a run-time index copies it to local memory).
+    auto kv_of = [&](auto rows_of, int p) {
+      return block::shifted_rows<decltype(rows_of)>{rows_of, planes.row_bytes[p], planes.vec[p], planes.vec[p]};
     };
     if (!move_kv || planes.count == 0)
       shift();
     else if (planes.count == 1)
-      shift(k_of(0), v_of(0));
+      shift(kv_of(k_rows{planes.rows[0], b, h}, 0), kv_of(v_rows{planes.rows[0], b, h}, 0));
     else
-      shift(k_of(0), v_of(0), k_of(1), v_of(1));
+      shift(kv_of(k_rows{planes.rows[0], b, h}, 0), kv_of(v_rows{planes.rows[0], b, h}, 0),
+            kv_of(k_rows{planes.rows[1], b, h}, 1), kv_of(v_rows{planes.rows[1], b, h}, 1));
   }
 }
 
