@@ -233,14 +233,8 @@ struct query_inputs {
 int run_error_tests() {
   using namespace checks;
   using op = fault_case::op;
-  int checks_run = 0, failures = 0;
-  auto expect = [&](bool ok, const std::string& what) {
-    ++checks_run;
-    if (!ok) {
-      ++failures;
-      std::printf("FAIL errors: %s\n", what.c_str());
-    }
-  };
+  check_tally tally{"errors"};
+  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   auto status_text = [](const std::vector<std::uint32_t>& w) {
     std::string s;
     for (std::size_t r = 0; r < w.size(); ++r)
@@ -262,7 +256,7 @@ int run_error_tests() {
     bool rows_ok = (w[bad_row] & bit) != 0;
     for (int b = 0; b < c.B; ++b)
       if (b != bad) rows_ok = rows_ok && w[c.map[b]] == 0;
-    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
     expect(rows_ok, what + ": the bit is in the faulty sequence's row only");
     const auto dev = c.device_state_bytes();
     expect(c.same_state(dev.data(), c.h_state.data()),
@@ -291,7 +285,7 @@ int run_error_tests() {
       const bool want = std::find(flagged.begin(), flagged.end(), r) != flagged.end();
       rows_ok = rows_ok && (want ? (w[r] & bit) != 0 : w[r] == 0);
     }
-    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
     expect(rows_ok, what + ": every row of the batch flagged, no other");
     const auto after = c.device_state_bytes();
     expect(c.same_state(after.data(), before.data()) && c.dk.download() == k_before && c.dv.download() == v_before,
@@ -310,19 +304,13 @@ int run_error_tests() {
     bool ok = (w[c.map[bad]] & bit) != 0 && c.same_row(before.data(), after.data(), c.map[bad]);
     for (int b = 0; b < c.B; ++b)
       if (b != bad) ok = ok && w[c.map[b]] == 0 && c.peek(c.dst0.tracked, c.map[b]) == c.lengths[b];
-    if (!ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    if (!device_fact(ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
     expect(ok, what + ": the faulty row flagged and untouched, the others observed");
   };
-  // A call the host refuses: invalid_argument, nothing launched.
-  auto expect_throw = [&](fault_case& c, const std::string& what, auto&& call) {
+  // A call the host refuses: invalid_argument naming `argument`, nothing launched.
+  auto expect_throw = [&](fault_case& c, const std::string& what, const std::string& argument, auto&& call) {
     const auto before = c.device_state_bytes();
-    bool threw = false;
-    try {
-      (void)call();
-    } catch (const sh::invalid_argument&) {
-      threw = true;
-    }
-    expect(threw, what + ": throws invalid_argument");
+    tally.refuses(what, argument, call);
     const auto after = c.device_state_bytes();
     expect(after == before, what + ": nothing launched");
   };
@@ -512,44 +500,44 @@ int run_error_tests() {
   {
     // Host-side refusals.
     fault_case c;
-    expect_throw(c, "budget not above the protected tokens", [&] {
+    expect_throw(c, "budget not above the protected tokens", "budget", [&] {
       return sh::cuda::compress(c.d_ws.data(), c.ws_bytes, c.policy, c.device_view(), c.device_state(), 2,
                                 {c.d_new.span(), {}});
     });
-    expect_throw(c, "workspace below the query", [&] {
+    expect_throw(c, "workspace below the query", "workspace_bytes", [&] {
       std::size_t small = c.ws_bytes - 4;
       return sh::cuda::compress(c.d_ws.data(), small, c.policy, c.device_view(), c.device_state(), c.budget,
                                 {c.d_new.span(), {}});
     });
-    expect_throw(c, "new_lengths of the wrong size", [&] {
+    expect_throw(c, "new_lengths of the wrong size", "out.new_lengths", [&] {
       return sh::cuda::compress(c.d_ws.data(), c.ws_bytes, c.policy, c.device_view(), c.device_state(), c.budget,
                                 {sh::device_span<std::int32_t>(c.d_new.data(), 2), {}});
     });
-    expect_throw(c, "new_lengths overlapping the lengths", [&] {
+    expect_throw(c, "new_lengths overlapping the lengths", "out.new_lengths", [&] {
       return sh::cuda::compress(c.d_ws.data(), c.ws_bytes, c.policy, c.device_view(), c.device_state(), c.budget,
                                 {c.d_len.span(), {}});
     });
-    expect_throw(c, "state made for another policy", [&] {
+    expect_throw(c, "state made for another policy", "state.shape.ring_words", [&] {
       auto other = c.policy;
       other.config.window = 100;  // more ring words
       return sh::cuda::observe_probabilities(other, c.device_view(), c.device_state(), c.device_probs());
     });
-    expect_throw(c, "state_rows of the wrong size", [&] {
+    expect_throw(c, "state_rows of the wrong size", "state.state_rows", [&] {
       return sh::cuda::observe_probabilities(c.policy, c.device_view(),
                                              c.dst0.for_batch(sh::device_span<const std::int32_t>(c.d_map.data(), 2)),
                                              c.device_probs());
     });
-    expect_throw(c, "q_heads not a multiple of kv_heads", [&] {
+    expect_throw(c, "q_heads not a multiple of kv_heads", "q_heads", [&] {
       auto pv = c.device_probs();
       pv.q_heads = 3;
       return sh::cuda::observe_probabilities(c.policy, c.device_view(), c.device_state(), pv);
     });
-    expect_throw(c, "negative q_len", [&] {
+    expect_throw(c, "negative q_len", "q_len", [&] {
       auto pv = c.device_probs();
       pv.q_len = -1;
       return sh::cuda::observe_probabilities(c.policy, c.device_view(), c.device_state(), pv);
     });
-    expect_throw(c, "reset_sequence of a row out of range", [&] {
+    expect_throw(c, "reset_sequence of a row out of range", "row", [&] {
       return sh::cuda::reset_sequence(c.dst0, c.rows, 0);
     });
     query_inputs in;
@@ -558,23 +546,23 @@ int run_error_tests() {
     device_buffer<std::int32_t> other_qo(4);
     other_qo.upload(in.qo);
     const sh::device_span<const std::int32_t> qo(in.d_qo.data(), 4), qo2(other_qo.data(), 4), qo_short(in.d_qo.data(), 3);
-    expect_throw(c, "ragged lse over another qo_indptr", [&] {
+    expect_throw(c, "ragged lse over another qo_indptr", "lse.qo_indptr", [&] {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::ragged({in.d_q.data(), in.q.size()}, qo, c.QH, c.D),
           sh::lse_view<device_space>::ragged({in.d_lse.data(), in.lse.size()}, qo2, c.QH), 0.0f);
     });
-    expect_throw(c, "qo_indptr of the wrong size", [&] {
+    expect_throw(c, "qo_indptr of the wrong size", "qo_indptr", [&] {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::ragged({in.d_q.data(), in.q.size()}, qo_short, c.QH, c.D));
     });
-    expect_throw(c, "uniform queries buffer below its reach", [&] {
+    expect_throw(c, "uniform queries buffer below its reach", "queries.data", [&] {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size() - 1}, c.QH, 1, c.D));
     });
-    expect_throw(c, "a compile-time head_dim (64) that is not the cache's (8)", [&] {
+    expect_throw(c, "a compile-time head_dim (64) that is not the cache's (8)", "cache.head_dim", [&] {
       return sh::cuda::observe_queries<64>(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D));
@@ -631,8 +619,7 @@ int run_error_tests() {
            "paged: indptr[0] != 0 flags the whole batch");
   }
 
-  std::printf("errors: %d of %d checks passed\n", checks_run - failures, checks_run);
-  return failures;
+  return tally.report();
 }
 
 // ---------------------------------------------------------------------------
@@ -640,14 +627,8 @@ int run_error_tests() {
 
 int run_shrink_tests(std::uint64_t seed, bool quick) {
   using namespace checks;
-  int checks_run = 0, failures = 0;
-  auto expect = [&](bool ok, const std::string& what) {
-    ++checks_run;
-    if (!ok) {
-      ++failures;
-      std::printf("FAIL shrink: %s\n", what.c_str());
-    }
-  };
+  check_tally tally{"shrink"};
+  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   std::mt19937_64 rng(seed ^ 0x5151);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
 
@@ -732,7 +713,7 @@ int run_shrink_tests(std::uint64_t seed, bool quick) {
         sh::host_span<const std::int32_t>(host.new_lengths.data(), host.new_lengths.size()),
         sh::host_span<std::int32_t>(host.released.data(), host.released.size()));
     const auto r = dev.outcome();
-    const bool ok = r.status == 0 && r.released == static_cast<std::int32_t>(n) && dev.equals(host);
+    const bool ok = device_fact(r.status == 0 && r.released == static_cast<std::int32_t>(n) && dev.equals(host));
     if (!ok)
       std::printf("  table %d: batch %d, page_size %d: device {%d, %u} host released %zu\n", i, batch, page_size,
                   r.released, r.status, n);
@@ -770,41 +751,31 @@ int run_shrink_tests(std::uint64_t seed, bool quick) {
   {
     table t = random_table(4, 2, 3);
     device_table dev(t);
-    auto throws = [&](const std::string& what, auto&& call) {
-      bool threw = false;
-      try {
-        (void)call();
-      } catch (const sh::invalid_argument&) {
-        threw = true;
-      }
-      expect(threw, what + ": throws invalid_argument");
-    };
-    throws("null result", [&] {
+    tally.refuses("null result", "d_result", [&] {
       return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
                                          {dev.last.data(), 4}, 2, {dev.new_lengths.data(), 4},
                                          {dev.released.data(), t.released.size()}, nullptr);
     });
-    throws("page_size 0", [&] {
+    tally.refuses("page_size 0", "page_size", [&] {
       return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
                                          {dev.last.data(), 4}, 0, {dev.new_lengths.data(), 4},
                                          {dev.released.data(), t.released.size()}, dev.result.data());
     });
-    throws("new_lengths of the wrong size", [&] {
+    tally.refuses("new_lengths of the wrong size", "new_lengths", [&] {
       return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
                                          {dev.last.data(), 4}, 2, {dev.new_lengths.data(), 3},
                                          {dev.released.data(), t.released.size()}, dev.result.data());
     });
-    throws("released overlapping indices", [&] {
+    tally.refuses("released overlapping indices", "released", [&] {
       return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
                                          {dev.last.data(), 4}, 2, {dev.new_lengths.data(), 4},
                                          {dev.indices.data(), t.indices.size()}, dev.result.data());
     });
-    throws("empty indptr", [&] {
+    tally.refuses("empty indptr", "indptr", [&] {
       return sh::cuda::shrink_page_table({}, {}, {}, 2, {}, {}, dev.result.data());
     });
   }
-  std::printf("shrink: %d of %d checks passed\n", checks_run - failures, checks_run);
-  return failures;
+  return tally.report();
 }
 
 // ---------------------------------------------------------------------------
@@ -954,10 +925,10 @@ int run_graph_test(int steps) {
   const auto dp = sh::probability_view<device_space>::dense({d_probs.data(), d_probs.size()}, QH, 1, cap);
 
   // Capture one decode step.
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   graph_append<T><<<1, 32, 0, stream>>>(dk.data(), dv.data(), dview.k_layout, dview.v_layout, d_indptr.data(),
@@ -1019,7 +990,7 @@ int run_graph_test(int steps) {
           if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0 || std::memcmp(&hv[vo], &dev_v[vo], sizeof(T) * D) != 0)
             log.add("K/V row (", b, ",", h, ",", t, ") differs");
         }
-    if (!log.ok()) {
+    if (!log.ok()) {  // device differences only: void in a host-only run
       ++failures;
       std::printf("FAIL graph after %d replays:\n%s", at, log.text.str().c_str());
     }

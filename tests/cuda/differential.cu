@@ -55,11 +55,13 @@
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
 //                               [--only differential,errors,shrink,graph,wide_elements,quantized,
 //                                       quantized_checks]
-//                               [--quick] [--long N]
+//                               [--quick] [--long N] [--host-only]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps; --long N makes the first N configurations long heads (> 4096
-// slots: selection beyond the shared-memory tile), --quick or not. Exit
-// status: 0 all passed, 1 a failure, 77 no CUDA device. The per-dtype
+// slots: selection beyond the shared-memory tile), --quick or not;
+// --host-only runs with no device: only what the host decides is checked
+// (harness.cuh). Exit status: 0 all passed, 1 a failure, 77 no CUDA device
+// (not with --host-only). The per-dtype
 // kernels live in differential_<dtype>.cu (differential.cuh).
 #include <algorithm>
 #include <cstdio>
@@ -139,7 +141,7 @@ bool run_config(const config& c, mismatch_log& log) {
       default: return run_bf16(c, log);
     }
   } catch (const std::exception& e) {
-    log.add("unexpected exception: ", e.what());
+    log.add_host("unexpected exception: ", e.what());
     return false;
   }
 }
@@ -180,7 +182,7 @@ int main(int argc, char** argv) {
   int configs = 1200, graph_steps = 96, long_first = 0;
   std::uint64_t seed = 20230517;
   std::string only;
-  bool quick = false;
+  bool quick = false, host_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -195,11 +197,12 @@ int main(int argc, char** argv) {
     else if (a == "--graph-steps") graph_steps = std::stoi(next());
     else if (a == "--only") only = next();
     else if (a == "--quick") quick = true;
+    else if (a == "--host-only") host_only = true;
     else if (a == "--long") long_first = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
-                   "wide_elements,quantized,quantized_checks] [--quick] [--long N]\n",
+                   "wide_elements,quantized,quantized_checks] [--quick] [--long N] [--host-only]\n",
                    argv[0]);
       return 2;
     }
@@ -208,8 +211,7 @@ int main(int argc, char** argv) {
     configs = std::min(configs, 24);
     graph_steps = std::min(graph_steps, 8);
   }
-  require_device_or_skip(argv[0]);
-  print_device(seed);
+  start(argv[0], seed, host_only);
   int failures = 0;
   failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
   failures += run_part(only, "errors", [] { return run_error_tests(); });

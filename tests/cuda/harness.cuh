@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -20,30 +21,61 @@ namespace harness {
 
 namespace sh = scissorhands;
 
-// A CUDA runtime error ends the run: it is never a data mismatch.
+// A host-only run (--host-only; CTest's cuda.*.host_only entries, in CI
+// on machines without a GPU) hides every device from the CUDA runtime and
+// keeps "device" buffers in host memory: every kernel launch and copy
+// fails, and its error is ignored. What still runs is everything the host
+// decides: the CUDA API's argument checks (each invalid_argument a test
+// expects, and none it does not), the host reference of every
+// configuration, and the test's own set-up. A check of what the device
+// computed is void there (device_fact); a check the host decides alone
+// counts in every run. It catches a test made stale by a host change (a
+// reference call that now refuses a configuration the test draws) before
+// a GPU run does.
+inline bool& host_only_run() {
+  static bool on = false;
+  return on;
+}
+
+// A check of the device's results: void (true) in a host-only run.
+inline bool device_fact(bool ok) { return ok || host_only_run(); }
+
+// A CUDA runtime error ends the run: it is never a data mismatch. (In a
+// host-only run every one is expected: no device.)
 inline void check_cuda(cudaError_t err, const char* what, const char* file, int line) {
-  if (err != cudaSuccess) {
+  if (err != cudaSuccess && !host_only_run()) {
     std::fprintf(stderr, "%s:%d: %s failed: %s\n", file, line, what, cudaGetErrorString(err));
     std::exit(1);
   }
 }
 #define CUDA_CHECK(expr) ::harness::check_cuda((expr), #expr, __FILE__, __LINE__)
 
-// Exit 77 (CTest: skipped) when there is no device to run on.
-inline void require_device_or_skip(const char* binary) {
+// Starts a suite: a host-only run hides the devices (before the runtime's
+// first call reads CUDA_VISIBLE_DEVICES) and refuses to go on if one is
+// still visible, since a kernel given host pointers would fault; any other
+// run exits 77 (CTest: skipped) without a device, and prints the device,
+// the seed, and whether the second kernel of each call is launched
+// programmatically dependent on the first (SCISSORHANDS_PDL=1 on sm_90+,
+// cuda/launch.cuh).
+inline void start(const char* binary, std::uint64_t seed, bool host_only) {
   int count = 0;
+  if (host_only) {
+    host_only_run() = true;
+    ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+      std::fprintf(stderr, "%s --host-only: %d CUDA device(s) still visible: refusing to run\n", binary, count);
+      std::exit(2);
+    }
+    std::printf("%s: host-only run (no device; checks of device results void), seed %llu\n", binary,
+                static_cast<unsigned long long>(seed));
+    return;
+  }
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     std::printf("%s: no CUDA device (%s): skipping\n", binary,
                 err != cudaSuccess ? cudaGetErrorString(err) : "none found");
     std::exit(77);
   }
-}
-
-// Prints the device a suite runs on, its seed, and whether the second
-// kernel of each call is launched programmatically dependent on the first
-// (SCISSORHANDS_PDL=1 on sm_90+, cuda/launch.cuh).
-inline void print_device(std::uint64_t seed) {
   cudaDeviceProp prop{};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
@@ -81,7 +113,11 @@ class device_buffer {
  public:
   device_buffer() = default;
   explicit device_buffer(std::size_t n) : n_(n) {
-    if (n_ > 0) CUDA_CHECK(cudaMalloc(&p_, n_ * sizeof(T)));
+    if (n_ == 0) return;
+    if (host_only_run())
+      p_ = static_cast<T*>(host_allocate(n_ * sizeof(T)));
+    else
+      CUDA_CHECK(cudaMalloc(&p_, n_ * sizeof(T)));
   }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
@@ -92,14 +128,18 @@ class device_buffer {
     return *this;
   }
   ~device_buffer() {
-    if (p_) cudaFree(p_);
+    if (p_ == nullptr) return;
+    if (host_only_run())
+      std::free(p_);
+    else
+      cudaFree(p_);
   }
   T* data() const { return p_; }
   std::size_t size() const { return n_; }
   sh::device_span<T> span() const { return {p_, n_}; }
-  void upload(const T* src, std::size_t n) const { CUDA_CHECK(cudaMemcpy(p_, src, n * sizeof(T), cudaMemcpyHostToDevice)); }
+  void upload(const T* src, std::size_t n) const { copy(p_, src, n, cudaMemcpyHostToDevice); }
   void upload(const std::vector<T>& v) const { upload(v.data(), v.size()); }
-  void download(T* dst, std::size_t n) const { CUDA_CHECK(cudaMemcpy(dst, p_, n * sizeof(T), cudaMemcpyDeviceToHost)); }
+  void download(T* dst, std::size_t n) const { copy(dst, p_, n, cudaMemcpyDeviceToHost); }
   std::vector<T> download() const {
     std::vector<T> v(n_);
     download(v.data(), n_);
@@ -107,6 +147,22 @@ class device_buffer {
   }
 
  private:
+  // A host-only run's buffers live in host memory: set-up and read-back
+  // work, only the device's part is missing.
+  static void* host_allocate(std::size_t bytes) {
+    const std::size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  static void copy(T* dst, const T* src, std::size_t n, cudaMemcpyKind kind) {
+    if (n == 0) return;
+    if (host_only_run())
+      std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
+    else
+      CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(T), kind));
+  }
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
@@ -157,18 +213,57 @@ inline const char* dtype_name<__nv_bfloat16>() {
   return "bf16";
 }
 
-// Collects the first few mismatches of one check.
+// Collects the first few mismatches of one check. add: a difference in
+// what the device computed (void in a host-only run); add_host: a failure
+// the host decides alone (an exception of a reference call), always.
 struct mismatch_log {
   std::ostringstream text;
   std::size_t count = 0;
   template <class... Parts>
   void add(const Parts&... parts) {
+    if (!host_only_run()) add_host(parts...);
+  }
+  template <class... Parts>
+  void add_host(const Parts&... parts) {
     if (count++ < 5) {
       (text << ... << parts);
       text << "\n";
     }
   }
   bool ok() const { return count == 0; }
+};
+
+// The checks of one part, each failure printed as it happens. device: a
+// check of what the device computed (void in a host-only run); host: one
+// the host decides alone (a refusal thrown), counted in every run.
+struct check_tally {
+  const char* part;
+  int run = 0, failed = 0;
+  void host(bool ok, const std::string& what) {
+    ++run;
+    if (!ok) {
+      ++failed;
+      std::printf("FAIL %s: %s\n", part, what.c_str());
+    }
+  }
+  void device(bool ok, const std::string& what) { host(device_fact(ok), what); }
+  // `call` must refuse on the host: throw invalid_argument naming
+  // `argument` (another argument's refusal would hide a missing check).
+  template <class Call>
+  void refuses(const std::string& what, const std::string& argument, Call&& call) {
+    std::string got = "nothing thrown";
+    try {
+      (void)call();
+    } catch (const sh::invalid_argument& e) {
+      got = e.argument() == argument ? "" : std::string("another argument refused: ") + e.what();
+    }
+    host(got.empty(), what + ": throws invalid_argument naming '" + argument + "'" + (got.empty() ? "" : "; " + got));
+  }
+  // Prints "<part>: P of N checks passed" and returns the failures.
+  int report() const {
+    std::printf("%s: %d of %d checks passed\n", part, run - failed, run);
+    return failed;
+  }
 };
 
 }  // namespace harness

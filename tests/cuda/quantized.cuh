@@ -324,7 +324,7 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
     c.rebuild_table();
   }
   for (int b = 0; b < B; ++b)
-    if (c.lengths[b] > budget) log.add("sequence ", b, " holds ", c.lengths[b], " tokens: nothing was evicted");
+    if (c.lengths[b] > budget) log.add_host("sequence ", b, " holds ", c.lengths[b], " tokens: nothing was evicted");
   return log.ok();
 }
 
@@ -364,7 +364,7 @@ inline int run_differential() {
         default: ok = run_case(qc, sh::key_norm_policy{}, seed++, log); break;
       }
     } catch (const std::exception& e) {
-      log.add("unexpected exception: ", e.what());
+      log.add_host("unexpected exception: ", e.what());
     }
     if (!ok && ++failed <= 10) std::printf("FAIL quantized: %s\n%s", qc.describe().c_str(), log.text.str().c_str());
   }
@@ -455,14 +455,8 @@ struct params_fault {
 };
 
 inline int run_checks() {
-  int checks_run = 0, failures = 0;
-  auto expect = [&](bool ok, const std::string& what) {
-    ++checks_run;
-    if (!ok) {
-      ++failures;
-      std::printf("FAIL quantized_checks: %s\n", what.c_str());
-    }
-  };
+  check_tally tally{"quantized_checks"};
+  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   auto words = [](const std::vector<std::uint32_t>& w) {
     std::string s;
     for (const std::uint32_t x : w) {
@@ -491,10 +485,10 @@ inline int run_checks() {
       flags = flags && (read && b == bad ? w[b] == sh::cuda::status_k_params : w[b] == 0);
     expect(flags, what + ": status words" + words(w));
     if (!read) {
-      expect(refusal.empty(), what + ": the host accepts it too (got \"" + refusal + "\")");
+      tally.host(refusal.empty(), what + ": the host accepts it too (got \"" + refusal + "\")");
       return;
     }
-    expect(refusal.find("cache.k_params") != std::string::npos,
+    tally.host(refusal.find("cache.k_params") != std::string::npos,
            what + ": the host refuses naming cache.k_params (got \"" + refusal + "\")");
     // The faulty row untouched, the others the host's (within rounding).
     const auto after = f.device_snapshot();
@@ -520,10 +514,9 @@ inline int run_checks() {
   fault(sh::key_norm_policy{}, int8, "key_norm, int8: NaN K scale in a new row", 1, 0, -1, 1, nan, true);
   fault(sh::key_norm_policy{}, int4, "key_norm, int4: NaN K zero point in a new row", 2, 0, -1, 3, nan, true);
   fault(sh::key_norm_policy{}, int8, "key_norm, int8: NaN K scale in an old row (not read)", 1, 0, 4, 1, nan, false);
-  expect(sh::cuda::describe_status(sh::cuda::status_k_params).find("cache.k_params") != std::string::npos,
+  tally.host(sh::cuda::describe_status(sh::cuda::status_k_params).find("cache.k_params") != std::string::npos,
          "describe_status names cache.k_params");
-  std::printf("quantized_checks: %d of %d checks passed\n", checks_run - failures, checks_run);
-  return failures;
+  return tally.report();
 }
 
 }  // namespace quantized_tests

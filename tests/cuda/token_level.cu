@@ -39,9 +39,12 @@
 // Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
 //                                           [--only differential,errors,graph,tensor_parallel,
 //                                                   tensor_parallel_multi_gpu] [--quick] [--long N]
+//                                           [--host-only]
 // --long N makes the first N configurations long sequences (> 4096 slots:
-// selection beyond the shared-memory tile), --quick or not.
-// Exit status: 0 all passed, 1 a failure, 77 no CUDA device.
+// selection beyond the shared-memory tile), --quick or not. --host-only
+// runs with no device: only what the host decides is checked (harness.cuh).
+// Exit status: 0 all passed, 1 a failure, 77 no CUDA device (not with
+// --host-only).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -658,7 +661,7 @@ bool run_config(const config& c, mismatch_log& log) {
   try {
     return c.dtype == 0 ? run_typed<float>(c, log) : run_typed<__half>(c, log);
   } catch (const std::exception& e) {
-    log.add("unexpected exception: ", e.what());
+    log.add_host("unexpected exception: ", e.what());
     return false;
   }
 }
@@ -984,18 +987,6 @@ struct fixture {
   }
 };
 
-// The checks run, and those that failed.
-struct tally {
-  int run = 0, failed = 0;
-  void expect(bool ok, const std::string& what) {
-    ++run;
-    if (!ok) {
-      ++failed;
-      std::printf("FAIL errors: %s\n", what.c_str());
-    }
-  }
-};
-
 std::string status_text(const std::vector<std::uint32_t>& w) {
   std::string s;
   for (std::size_t r = 0; r < w.size(); ++r)
@@ -1004,28 +995,23 @@ std::string status_text(const std::vector<std::uint32_t>& w) {
 }
 
 template <class F>
-void expect_throw(tally& t, F& f, const std::string& what, const std::function<cudaError_t()>& call) {
+void expect_throw(check_tally& t, F& f, const std::string& what, const std::string& argument,
+                  const std::function<cudaError_t()>& call) {
   const auto before = f.model_bytes();
   const auto k_before = f.dk.download();
-  bool threw = false;
-  try {
-    (void)call();
-  } catch (const sh::invalid_argument&) {
-    threw = true;
-  }
-  t.expect(threw, what + ": throws invalid_argument");
-  t.expect(f.model_bytes() == before && f.dk.download() == k_before, what + ": nothing launched");
+  t.refuses(what, argument, call);
+  t.device(f.model_bytes() == before && f.dk.download() == k_before, what + ": nothing launched");
 }
 
 int run_error_tests() {
-  tally t;
+  check_tally t{"errors"};
   using fx = fixture<false>;
   using fxp = fixture<true>;
 
   // --- valid runs ---------------------------------------------------------
   {
     fx f;
-    t.expect(f.observed_ok, "observe of the fixture matches the host");
+    t.device(f.observed_ok, "observe of the fixture matches the host");
     const std::vector<std::int32_t> pinned{3, 5, 0};
     f.host_select(-1, pinned);
     CUDA_CHECK(f.device_select(pinned));
@@ -1033,13 +1019,13 @@ int run_error_tests() {
     bool ok = f.all_clear() && dn == f.h_new && dc == f.h_counts;
     for (int b = 0; b < fx::B; ++b)
       for (int k = 0; k < f.h_counts[b]; ++k) ok = ok && ds[b * f.stride + k] == f.h_slots[b * f.stride + k];
-    t.expect(ok, "a valid select with pinned prefixes matches the host and flags nothing");
+    t.device(ok, "a valid select with pinned prefixes matches the host and flags nothing");
     for (int l = 0; l < fx::L; ++l) {
       f.host_apply(l, -1, false);
       CUDA_CHECK(f.device_apply(l, false));
     }
     const auto dev = f.model_bytes();
-    t.expect(f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+    t.device(f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              "a valid compact of every layer matches the host");
   }
 
@@ -1058,10 +1044,10 @@ int run_error_tests() {
       bool layer_ok = (w[f.map[bad]] & bit) != 0;
       for (int b = 0; b < fx::B; ++b)
         if (b != bad) layer_ok = layer_ok && w[f.map[b]] == 0;
-      if (!layer_ok) std::printf("  %s: layer %d:%s\n", what.c_str(), l, status_text(w).c_str());
+      if (!device_fact(layer_ok)) std::printf("  %s: layer %d:%s\n", what.c_str(), l, status_text(w).c_str());
       rows_ok = rows_ok && layer_ok;
     }
-    t.expect(rows_ok, what + ": the bit is in the faulty sequence's row of every layer, no other");
+    t.device(rows_ok, what + ": the bit is in the faulty sequence's row of every layer, no other");
     const auto dc = f.d_counts.download(), ds = f.d_slots.download(), dn = f.d_new.download();
     bool sel_ok = dc[bad] == 0;
     for (int b = 0; b < fx::B; ++b) {
@@ -1070,9 +1056,9 @@ int run_error_tests() {
       sel_ok = sel_ok && dc[b] == f.h_counts[b];
       for (int k = 0; k < f.h_counts[b]; ++k) sel_ok = sel_ok && ds[b * f.stride + k] == f.h_slots[b * f.stride + k];
     }
-    t.expect(sel_ok, what + ": count 0 for it, the others the host's, new_lengths for every sequence");
+    t.device(sel_ok, what + ": count 0 for it, the others the host's, new_lengths for every sequence");
     const auto dev = f.model_bytes();
-    t.expect(f.same_state(dev.data(), f.h_model_buf.data()), what + ": the state is not written");
+    t.device(f.same_state(dev.data(), f.h_model_buf.data()), what + ": the state is not written");
   };
   select_fault("select: a layer tracking fewer tokens", 1, sh::cuda::status_untracked,
                [](fx& f) { f.poke_tracked(1, f.map[1], f.lengths[1] - 1); });
@@ -1099,18 +1085,18 @@ int run_error_tests() {
     f.host_select(1);
     const auto w0 = f.status(0), w1 = f.status(1);
     const auto dc = f.d_counts.download();
-    t.expect(w0 == std::vector<std::uint32_t>(fx::rows, 0u) && w1[f.map[1]] == sh::cuda::status_probability &&
+    t.device(w0 == std::vector<std::uint32_t>(fx::rows, 0u) && w1[f.map[1]] == sh::cuda::status_probability &&
                  dc[1] == 0 && dc[2] == f.h_counts[2],
              "select: a row flagged in one layer is skipped (count 0), the others proceed");
     f.upload_selection();  // the host's (count 0 for it)
     CUDA_CHECK(f.device_apply(0, false));
     f.host_apply(0, 1, false);
     const auto dev = f.model_bytes();
-    t.expect(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+    t.device(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              "compact after it matches the host without the sequence");
     sh::host::reset_sequence(f.hm0, f.map[1], 50);
     CUDA_CHECK(sh::cuda::reset_sequence(f.dm0, f.map[1], 50));
-    t.expect(f.all_clear(), "cuda::reset_sequence(model) clears the row's word in every layer");
+    t.device(f.all_clear(), "cuda::reset_sequence(model) clears the row's word in every layer");
   }
   {
     // The whole batch: a state row used twice flags both rows in every layer.
@@ -1125,7 +1111,7 @@ int run_error_tests() {
            w[3] == 0;
     }
     const auto dc = f.d_counts.download();
-    t.expect(ok && dc == std::vector<std::int32_t>(fx::B, 0),
+    t.device(ok && dc == std::vector<std::int32_t>(fx::B, 0),
              "select: a state row used twice flags the batch's rows in every layer, every count 0");
   }
   {
@@ -1139,7 +1125,7 @@ int run_error_tests() {
       const auto w = f.status(l);
       ok = ok && (w[2] & sh::cuda::status_state_rows) && (w[3] & sh::cuda::status_state_rows) && w[0] == 0;
     }
-    t.expect(ok && f.d_counts.download() == std::vector<std::int32_t>(fx::B, 0),
+    t.device(ok && f.d_counts.download() == std::vector<std::int32_t>(fx::B, 0),
              "select: a padding slot holding tokens flags the batch, every count 0");
   }
 
@@ -1158,10 +1144,10 @@ int run_error_tests() {
     bool rows_ok = (w[f.map[bad]] & bit) != 0;
     for (int b = 0; b < fx::B; ++b)
       if (b != bad) rows_ok = rows_ok && w[f.map[b]] == 0;
-    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
-    t.expect(rows_ok, what + ": the bit is in the faulty sequence's row only");
+    if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    t.device(rows_ok, what + ": the bit is in the faulty sequence's row only");
     const auto dev = f.model_bytes();
-    t.expect(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+    t.device(f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              what + ": state, K and V equal the host's run without the sequence");
   };
   using vec = std::vector<std::int32_t>;
@@ -1195,7 +1181,7 @@ int run_error_tests() {
     fxp f;
     f.host_select(-1);
     const int first = f.h_slots[1 * f.stride], kept = f.lengths[1] - f.h_counts[1];
-    t.expect(first < kept, "paged fixture: sequence 1's compaction writes a page");
+    t.device(first < kept, "paged fixture: sequence 1's compaction writes a page");
     f.pages[0][0] = f.pages[1][first / fxp::P];
     f.upload_table();
     f.upload_selection();
@@ -1203,7 +1189,7 @@ int run_error_tests() {
     f.host_apply(0, 1, false);
     const auto w = f.status(0);
     const auto dev = f.model_bytes();
-    t.expect((w[f.map[1]] & sh::cuda::status_shared_page) && w[f.map[0]] == 0 && w[f.map[2]] == 0 &&
+    t.device((w[f.map[1]] & sh::cuda::status_shared_page) && w[f.map[0]] == 0 && w[f.map[2]] == 0 &&
                  f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              "compact: a written page listed twice skips its sequence (status_shared_page), the others proceed");
   }
@@ -1221,7 +1207,7 @@ int run_error_tests() {
       CUDA_CHECK(f.device_apply(l, false));
     }
     const auto dev = f.model_bytes();
-    t.expect(ok && f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+    t.device(ok && f.all_clear() && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              "compact: pages shared below the pinned prefix are accepted and match the host");
   }
 
@@ -1232,7 +1218,7 @@ int run_error_tests() {
   auto compress_fault = [&](auto tag, const std::string& what, int bad, std::uint32_t bit, auto&& fault) {
     using F = typename decltype(tag)::type;
     F f;
-    t.expect(f.observed_ok, what + ": the fixture's observe matches the host");
+    t.device(f.observed_ok, what + ": the fixture's observe matches the host");
     fault(f);
     CUDA_CHECK(f.device_compress(0));
     f.host_compress(0, bad);
@@ -1240,13 +1226,13 @@ int run_error_tests() {
     bool rows_ok = bad < 0 ? w == std::vector<std::uint32_t>(F::rows, 0u) : (w[f.map[bad]] & bit) != 0;
     for (int b = 0; b < F::B; ++b)
       if (b != bad) rows_ok = rows_ok && w[f.map[b]] == 0;
-    if (!rows_ok) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
-    t.expect(rows_ok, what + ": status words");
+    if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
+    t.device(rows_ok, what + ": status words");
     const auto dev = f.model_bytes();
     const auto dn = f.d_new.download();
     bool out_ok = true;
     for (int b = 0; b < F::B; ++b) out_ok = out_ok && dn[b] == sh::length_after_compress(f.lengths[b], F::budget, F::m);
-    t.expect(out_ok && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
+    t.device(out_ok && f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv(),
              what + ": new_lengths for every sequence; state, K and V equal the host's run without the sequence");
   };
   struct tag_h {
@@ -1280,108 +1266,109 @@ int run_error_tests() {
     auto sel = [&] { return f.device_selection(); };
     const auto dm = f.device_model();
     const auto dv = f.device_view(0);
-    const auto expect_select_throw = [&](const std::string& what, sh::eviction_selection<device_space> s,
+    const auto expect_select_throw = [&](const std::string& what, const std::string& argument,
+                                         sh::eviction_selection<device_space> s,
                                          sh::device_span<const std::int32_t> pin = {}) {
-      expect_throw(t, f, what, [&] {
+      expect_throw(t, f, what, argument, [&] {
         return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, dm, fx::budget, s, pin);
       });
     };
     auto s = sel();
     s.stride = f.stride - 1;
-    expect_select_throw("select: stride below max_evictions", s);
+    expect_select_throw("select: stride below max_evictions", "selection.stride", s);
     s = sel();
     s.counts = {f.d_counts.data(), fx::B - 1};
-    expect_select_throw("select: counts of the wrong size", s);
+    expect_select_throw("select: counts of the wrong size", "selection.counts", s);
     s = sel();
     s.slots = {f.d_slots.data(), f.d_slots.size() - 1};
-    expect_select_throw("select: slots too short", s);
+    expect_select_throw("select: slots too short", "selection.slots", s);
     s = sel();
     s.cache_slots = {f.d_cache.data(), 1};
-    expect_select_throw("select: cache_slots too short", s);
-    expect_select_throw("select: pinned_prefix of the wrong size", sel(), {f.d_pinned.data(), fx::B - 1});
-    expect_select_throw("select: null pinned_prefix with a size", sel(), {nullptr, fx::B});
+    expect_select_throw("select: cache_slots too short", "selection.cache_slots", s);
+    expect_select_throw("select: pinned_prefix of the wrong size", "pinned_prefix", sel(), {f.d_pinned.data(), fx::B - 1});
+    expect_select_throw("select: null pinned_prefix with a size", "pinned_prefix", sel(), {nullptr, fx::B});
     s = sel();
     s.out.new_lengths = f.d_counts.span();
-    expect_select_throw("select: new_lengths over counts", s);
+    expect_select_throw("select: new_lengths over counts", "selection.out.new_lengths", s);
     s = sel();
     s.counts = {reinterpret_cast<std::int32_t*>(f.d_model_buf.data()), fx::B};
-    expect_select_throw("select: counts over the model state", s);
+    expect_select_throw("select: counts over the model state", "selection.counts", s);
     s = sel();
     s.out.freed_pages = {f.d_freed.data(), 1};
-    expect_select_throw("select: freed_pages of the wrong size", s);
-    expect_throw(t, f, "select: workspace below the query", [&] {
+    expect_select_throw("select: freed_pages of the wrong size", "selection.out.freed_pages", s);
+    expect_throw(t, f, "select: workspace below the query", "workspace_bytes", [&] {
       std::size_t small = f.ws_bytes - 1;
       return sh::cuda::select(f.d_ws.data(), small, f.policy, dv, dm, fx::budget, sel());
     });
-    expect_throw(t, f, "select: misaligned workspace", [&] {
+    expect_throw(t, f, "select: misaligned workspace", "d_workspace", [&] {
       return sh::cuda::select(f.d_ws.data() + 16, f.ws_bytes, f.policy, dv, dm, fx::budget, sel());
     });
-    expect_throw(t, f, "select: workspace over the model state", [&] {
+    expect_throw(t, f, "select: workspace over the model state", "d_workspace", [&] {
       return sh::cuda::select(f.d_model_buf.data(), f.ws_bytes, f.policy, dv, dm, fx::budget, sel());
     });
-    expect_throw(t, f, "select: budget not above the protected tokens", [&] {
+    expect_throw(t, f, "select: budget not above the protected tokens", "budget", [&] {
       return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, dm, 2, sel());
     });
-    expect_throw(t, f, "select: model with the wrong layer stride", [&] {
+    expect_throw(t, f, "select: model with the wrong layer stride", "model.layer_bytes", [&] {
       auto bad = dm;
       bad.layer_bytes += 256;
       return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, bad, fx::budget, sel());
     });
-    expect_throw(t, f, "select: model not laid out", [&] {
+    expect_throw(t, f, "select: model not laid out", "model", [&] {
       return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, sh::model_state<device_space>{}, fx::budget,
                               sel());
     });
     // compact / forget
     const auto layer = dm.layer(0);
-    const auto expect_apply_throw = [&](const std::string& what, sh::eviction_selection<device_space> s2) {
-      expect_throw(t, f, "compact: " + what, [&] {
+    const auto expect_apply_throw = [&](const std::string& what, const std::string& argument,
+                                        sh::eviction_selection<device_space> s2) {
+      expect_throw(t, f, "compact: " + what, argument, [&] {
         return sh::cuda::compact(f.d_cws.data(), f.cws_bytes, f.policy, dv, layer, s2);
       });
-      expect_throw(t, f, "forget: " + what, [&] { return sh::cuda::forget(f.policy, dv, layer, s2); });
+      expect_throw(t, f, "forget: " + what, argument, [&] { return sh::cuda::forget(f.policy, dv, layer, s2); });
     };
     s = sel();
     s.counts = {f.d_counts.data(), fx::B + 1};
-    expect_apply_throw("counts of the wrong size", s);
+    expect_apply_throw("counts of the wrong size", "selection.counts", s);
     s = sel();
     s.slots = {f.d_slots.data(), 2};
-    expect_apply_throw("slots too short", s);
+    expect_apply_throw("slots too short", "selection.slots", s);
     s = sel();
     s.stride = -1;
-    expect_apply_throw("negative stride", s);
+    expect_apply_throw("negative stride", "selection.stride", s);
     s = sel();
     s.counts = {reinterpret_cast<std::int32_t*>(f.d_model_buf.data()), fx::B};
-    expect_apply_throw("counts over the state", s);
+    expect_apply_throw("counts over the state", "selection.counts", s);
     s = sel();
     s.slots = {reinterpret_cast<std::int32_t*>(f.dk.data()), f.d_slots.size()};
-    expect_throw(t, f, "compact: slots over K", [&] {
+    expect_throw(t, f, "compact: slots over K", "selection.slots", [&] {
       return sh::cuda::compact(f.d_cws.data(), f.cws_bytes, f.policy, dv, layer, s);
     });
-    expect_throw(t, f, "reset_sequence(model): row out of range",
+    expect_throw(t, f, "reset_sequence(model): row out of range", "row",
                  [&] { return sh::cuda::reset_sequence(f.dm0, fx::rows, 0); });
-    expect_throw(t, f, "reset_state(model): not laid out",
+    expect_throw(t, f, "reset_state(model): not laid out", "model",
                  [&] { return sh::cuda::reset_state(sh::model_state<device_space>{}); });
   }
   {
     fxp f;
     const auto layer = f.device_model().layer(0);
-    expect_throw(t, f, "compact: paged workspace below the query", [&] {
+    expect_throw(t, f, "compact: paged workspace below the query", "workspace_bytes", [&] {
       std::size_t small = f.cws_bytes - 4;
       return sh::cuda::compact(f.d_cws.data(), small, f.policy, f.device_view(0), layer, f.device_selection());
     });
-    expect_throw(t, f, "compact: workspace over the page table", [&] {
+    expect_throw(t, f, "compact: workspace over the page table", "d_workspace", [&] {
       return sh::cuda::compact(f.d_indices.data(), f.cws_bytes, f.policy, f.device_view(0), layer,
                                f.device_selection());
     });
   }
   {
     fxh f;
-    expect_throw(t, f, "compress shared_heads: budget not above the protected tokens", [&] {
+    expect_throw(t, f, "compress shared_heads: budget not above the protected tokens", "budget", [&] {
       return sh::cuda::compress(f.d_ws.data(), f.ws_bytes, f.policy, f.device_view(0), f.device_model().layer(0), 1,
                                 {f.d_new.span(), {}});
     });
   }
-  std::printf("errors: %d of %d checks passed\n", t.run - t.failed, t.run);
-  return t.failed;
+  return t.report();
 }
 
 // ---------------------------------------------------------------------------
@@ -1389,13 +1376,13 @@ int run_error_tests() {
 // replays it once and waits: a call that allocated or synchronised would
 // fail the capture.
 void replay_captured(const std::function<cudaError_t(cudaStream_t)>& record) {
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
+  cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   CUDA_CHECK(record(stream));
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
+  cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_CHECK(cudaGraphLaunch(exec, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -1421,8 +1408,8 @@ int run_graph_test() {
   f.host_select(-1, pinned);
   for (int l = 0; l < fxp::L; ++l) f.host_apply(l, -1, false);
   const auto dev = f.model_bytes();
-  const bool ok = f.all_clear() && f.d_counts.download() == f.h_counts && f.d_new.download() == f.h_new &&
-                  f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv();
+  const bool ok = device_fact(f.all_clear() && f.d_counts.download() == f.h_counts && f.d_new.download() == f.h_new &&
+                              f.same_state(dev.data(), f.h_model_buf.data()) && f.same_kv());
   std::printf("graph: select + compact captured and replayed: %s\n", ok ? "matches the host" : "MISMATCH");
   return ok ? 0 : 1;
 }
@@ -1546,7 +1533,7 @@ int run_tensor_parallel(bool multi_gpu) {
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> dev_partial = rd.d_partial.download();
       for (std::size_t i = 0; i < floats; ++i)
-        if (!same_bits(dev_partial[i], rd.host_partial[i])) {
+        if (!device_fact(same_bits(dev_partial[i], rd.host_partial[i]))) {
           std::printf("tensor_parallel: R %d rank %d partial %zu: device %g host %g\n", R, k, i, dev_partial[i],
                       rd.host_partial[i]);
           ok = false;
@@ -1568,7 +1555,7 @@ int run_tensor_parallel(bool multi_gpu) {
       rd.d_ws = device_buffer<std::byte>(rd.ws_bytes);
       CUDA_CHECK(sh::cuda::select(rd.d_ws.data(), rd.ws_bytes, policy, view, dm, budget, scores, sel));
       CUDA_CHECK(cudaDeviceSynchronize());
-      if (!same_selection(rd.d_counts.download(), rd.d_slots.download(), rd.d_new.download())) {
+      if (!device_fact(same_selection(rd.d_counts.download(), rd.d_slots.download(), rd.d_new.download()))) {
         std::printf("tensor_parallel: R %d rank %d (device %d) chose other slots than one rank over all heads\n", R, k,
                     rd.device);
         ok = false;
@@ -1601,7 +1588,7 @@ int run_tensor_parallel(bool multi_gpu) {
       return err != cudaSuccess ? err
                                 : sh::cuda::select(d_ws.data(), ws_bytes, policy, view, dm, budget, scores, sel, {}, stream);
     });
-    const bool same = same_selection(d_counts.download(), d_slots.download(), d_new.download());
+    const bool same = device_fact(same_selection(d_counts.download(), d_slots.download(), d_new.download()));
     std::printf("tensor_parallel: local_scores + select captured in a graph and replayed: %s\n",
                 same ? "matches the host" : "MISMATCH");
     ok = ok && same;
@@ -1617,7 +1604,7 @@ int main(int argc, char** argv) {
   int configs = 600, long_first = 0;
   std::uint64_t seed = 20230517;
   std::string only;
-  bool quick = false;
+  bool quick = false, host_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -1631,16 +1618,16 @@ int main(int argc, char** argv) {
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--only") only = next();
     else if (a == "--quick") quick = true;
+    else if (a == "--host-only") host_only = true;
     else if (a == "--long") long_first = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph] [--quick] [--long N]\n",
+      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu] [--quick] [--long N] [--host-only]\n",
                    argv[0]);
       return 2;
     }
   }
   if (quick) configs = std::min(configs, 24);
-  require_device_or_skip(argv[0]);
-  print_device(seed);
+  start(argv[0], seed, host_only);
   int failures = 0;
   failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
   failures += run_part(only, "errors", [] { return run_error_tests(); });
