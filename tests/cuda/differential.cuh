@@ -530,20 +530,13 @@ bool run_case(const config& c, mismatch_log& log) {
           if (l == 0) continue;
           for (int qh = 0; qh < QH; ++qh)
             for (int j = 0; j < q_of[b]; ++j) {
-              const int visible = l - q_of[b] + j + 1;
-              std::vector<double> logits(visible);
-              double m = -1e300;
-              for (int t = 0; t < visible; ++t) {
+              const T* qr = hq.row(b, qh, j);
+              const double value = reference_lse(l - q_of[b] + j + 1, scale, [&](int t) {
                 const T* k = hview.k_row(b, qh / G, t);
-                const T* qr = hq.row(b, qh, j);
                 double dot = 0.0;
                 for (int x = 0; x < D; ++x) dot += double(sh::to_float(qr[x])) * sh::to_float(k[x]);
-                logits[t] = dot * scale;
-                m = std::max(m, logits[t]);
-              }
-              double sum = 0.0;
-              for (double v : logits) sum += std::exp(v - m);
-              const double value = m + std::log(sum);
+                return dot;
+              });
               lse[row_offset(qo_ptr, hl.sequence_stride, hl.head_stride, hl.query_stride, b, qh, j)] =
                   static_cast<float>(base == sh::lse_base::base2 ? value / std::log(2.0) : value);
             }

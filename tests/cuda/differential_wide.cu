@@ -34,19 +34,13 @@ int run_wide_elements() {
   const double scale = 1.0 / std::sqrt(double{D});
   std::vector<float> lse(std::size_t{B} * QH);
   for (int b = 0; b < B; ++b)
-    for (int qh = 0; qh < QH; ++qh) {
-      std::vector<double> logits(static_cast<std::size_t>(lengths[b]));
-      double m = -1e300;
-      for (int t = 0; t < lengths[b]; ++t) {
+    for (int qh = 0; qh < QH; ++qh)
+      lse[static_cast<std::size_t>(b) * QH + qh] = static_cast<float>(reference_lse(lengths[b], scale, [&](int t) {
         double dot = 0.0;
-        for (int x = 0; x < D; ++x) dot += double(sh::to_float(hq.row(b, qh, 0)[x])) * sh::to_float(hview.k_row(b, qh / G, t)[x]);
-        logits[static_cast<std::size_t>(t)] = dot * scale;
-        m = std::max(m, logits[static_cast<std::size_t>(t)]);
-      }
-      double sum = 0.0;
-      for (double l : logits) sum += std::exp(l - m);
-      lse[static_cast<std::size_t>(b) * QH + qh] = static_cast<float>(m + std::log(sum));
-    }
+        for (int x = 0; x < D; ++x)
+          dot += double(sh::to_float(hq.row(b, qh, 0)[x])) * sh::to_float(hview.k_row(b, qh / G, t)[x]);
+        return dot;
+      }));
 
   device_buffer<double> d_k(k.size()), d_v(v.size()), d_q(q.size());
   device_buffer<std::int32_t> d_len(lengths.size());

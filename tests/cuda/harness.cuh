@@ -3,11 +3,14 @@
 // buffers, element conversion, failure reporting.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <sstream>
@@ -55,8 +58,8 @@ inline void check_cuda(cudaError_t err, const char* what, const char* file, int 
 // still visible, since a kernel given host pointers would fault; any other
 // run exits 77 (CTest: skipped) without a device, and prints the device,
 // the seed, and whether the second kernel of each call is launched
-// programmatically dependent on the first (SCISSORHANDS_PDL=1 on sm_90+,
-// cuda/launch.cuh).
+// programmatically dependent on the first (SCISSORHANDS_PDL=1 on sm_90+
+// with kernels compiled for it, cuda/launch.cuh).
 inline void start(const char* binary, std::uint64_t seed, bool host_only) {
   int count = 0;
   if (host_only) {
@@ -80,9 +83,13 @@ inline void start(const char* binary, std::uint64_t seed, bool host_only) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  // The library's own decision, for a second kernel of this binary (every
+  // one is compiled for the same architectures).
+  const bool programmatic =
+      sh::cuda::detail::programmatic_launch(reinterpret_cast<const void*>(&sh::cuda::detail::compact_kernel<>));
   const char* pdl = !sh::cuda::programmatic_launch_requested() ? "off"
-                    : prop.major >= 9                           ? "on"
-                                                                : "requested, sm < 90: off";
+                    : programmatic                               ? "on"
+                                                                 : "requested, off here (sm < 90, or kernels from PTX below compute_90)";
   std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n", device,
               prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed), pdl);
 }
@@ -211,6 +218,22 @@ inline const char* dtype_name<__half>() {
 template <>
 inline const char* dtype_name<__nv_bfloat16>() {
   return "bf16";
+}
+
+// The natural log-sum-exp of scale * dot(t) over keys t < visible, in
+// double: what an attention kernel returns beside its output. dot(t) is the
+// query's dot product with key t, in whatever precision the caller reads K.
+template <class Dot>
+double reference_lse(int visible, double scale, Dot&& dot) {
+  std::vector<double> logits(static_cast<std::size_t>(visible));
+  double most = -std::numeric_limits<double>::infinity();
+  for (int t = 0; t < visible; ++t) {
+    logits[static_cast<std::size_t>(t)] = dot(t) * scale;
+    most = std::max(most, logits[static_cast<std::size_t>(t)]);
+  }
+  double sum = 0.0;
+  for (const double l : logits) sum += std::exp(l - most);
+  return most + std::log(sum);
 }
 
 // Collects the first few mismatches of one check. add: a difference in

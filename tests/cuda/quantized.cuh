@@ -259,19 +259,13 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
         for (int b = 0; b < B; ++b)
           for (int qh = 0; qh < QH; ++qh)
             for (int j = 0; j < q_len; ++j) {
-              const int visible = c.lengths[b] - q_len + j + 1;
-              std::vector<double> logits(static_cast<std::size_t>(visible));
-              double most = -INFINITY;
-              for (int t = 0; t < visible; ++t) {
-                hv.dequantize_k(b, qh / qc.group, t, k.data());
-                double dot = 0.0;
-                for (int d = 0; d < D; ++d) dot += double{hq.row(b, qh, j)[d]} * k[static_cast<std::size_t>(d)];
-                logits[static_cast<std::size_t>(t)] = dot * scale;
-                most = std::max(most, logits[static_cast<std::size_t>(t)]);
-              }
-              double sum = 0.0;
-              for (double l : logits) sum += std::exp(l - most);
-              lse[static_cast<std::size_t>((b * QH + qh) * q_len + j)] = static_cast<float>(most + std::log(sum));
+              lse[static_cast<std::size_t>((b * QH + qh) * q_len + j)] =
+                  static_cast<float>(reference_lse(c.lengths[b] - q_len + j + 1, scale, [&](int t) {
+                    hv.dequantize_k(b, qh / qc.group, t, k.data());
+                    double dot = 0.0;
+                    for (int d = 0; d < D; ++d) dot += double{hq.row(b, qh, j)[d]} * k[static_cast<std::size_t>(d)];
+                    return dot;
+                  }));
             }
       });
       d_lse = device_buffer<float>(lse.size());
