@@ -540,6 +540,30 @@ int run_error_tests() {
     expect_throw(c, "reset_sequence of a row out of range", "row", [&] {
       return sh::cuda::reset_sequence(c.dst0, c.rows, 0);
     });
+    expect_throw(c, "reset_sequence from a negative position", "start_position", [&] {
+      return sh::cuda::reset_sequence(c.dst0, 0, -1);
+    });
+    expect_throw(c, "a state without status words", "state", [&] {
+      auto st = c.device_state();
+      st.status = nullptr;
+      return sh::cuda::observe_probabilities(c.policy, c.device_view(), st, c.device_probs());
+    });
+    expect_throw(c, "the workspace query with the budget at the protected tokens", "budget", [&] {
+      (void)sh::cuda::compress_workspace_bytes(c.policy, c.device_view(), c.device_state(), 2);
+      return cudaSuccess;
+    });
+    // (Shorter than its rows' full length is the device's to find: a row is
+    // as long as its sequence, status_view_extent.)
+    expect_throw(c, "probabilities buffer that does not reach every row's first column", "probs.data", [&] {
+      auto pv = c.device_probs();
+      pv.data = {pv.data.data(), 1};
+      return sh::cuda::observe_probabilities(c.policy, c.device_view(), c.device_state(), pv);
+    });
+    expect_throw(c, "a negative probabilities stride", "probs strides", [&] {
+      auto pv = c.device_probs();
+      pv.head_stride = -1;
+      return sh::cuda::observe_probabilities(c.policy, c.device_view(), c.device_state(), pv);
+    });
     query_inputs in;
     in.build(3);
     in.d_qo.upload(in.qo);
@@ -561,6 +585,37 @@ int run_error_tests() {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size() - 1}, c.QH, 1, c.D));
+    });
+    const auto dense_q = sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D);
+    const auto dense_lse = sh::lse_view<device_space>::dense({in.d_lse.data(), in.lse.size()}, c.QH, 1);
+    expect_throw(c, "queries of another head_dim", "queries.head_dim", [&] {
+      return sh::cuda::observe_queries(
+          c.policy, c.device_view(), c.device_state(),
+          sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D - 1));
+    });
+    for (const float scale : {-0.125f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      expect_throw(c, "softmax_scale " + std::to_string(scale), "softmax_scale", [&] {
+        return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, dense_lse, scale);
+      });
+    expect_throw(c, "a null log-sum-exp with a size (not \"no lse\")", "lse.data", [&] {
+      auto lv = dense_lse;
+      lv.data = {nullptr, in.lse.size()};
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
+    });
+    expect_throw(c, "log-sum-exp buffer below its reach", "lse.data", [&] {
+      auto lv = dense_lse;
+      lv.data = {in.d_lse.data(), in.lse.size() - 1};
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
+    });
+    expect_throw(c, "a negative log-sum-exp stride", "lse strides", [&] {
+      auto lv = dense_lse;
+      lv.head_stride = -1;
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
+    });
+    expect_throw(c, "a log-sum-exp base that is neither natural nor base2", "lse.base", [&] {
+      auto lv = dense_lse;
+      lv.base = static_cast<sh::lse_base>(7);
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
     });
     expect_throw(c, "a compile-time head_dim (64) that is not the cache's (8)", "cache.head_dim", [&] {
       return sh::cuda::observe_queries<64>(

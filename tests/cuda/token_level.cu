@@ -1348,6 +1348,37 @@ int run_error_tests() {
                  [&] { return sh::cuda::reset_sequence(f.dm0, fx::rows, 0); });
     expect_throw(t, f, "reset_state(model): not laid out", "model",
                  [&] { return sh::cuda::reset_state(sh::model_state<device_space>{}); });
+    // Tensor parallelism: the partial (and reduced) scores buffer.
+    device_buffer<float> d_partial(sh::partial_score_count(fx::L, fx::B, f.shape.capacity));
+    const sh::partial_scores<device_space> partial{
+        {d_partial.data(), d_partial.size()}, fx::L, fx::B, f.shape.capacity, fx::H};
+    const auto expect_partial_throw = [&](const std::string& what, const std::string& argument,
+                                          sh::partial_scores<device_space> p) {
+      expect_throw(t, f, "local_scores: " + what, "partial." + argument,
+                   [&] { return sh::cuda::local_scores(f.policy, dv, dm, fx::budget, p); });
+      expect_throw(t, f, "select from reduced scores: " + what, "reduced." + argument, [&] {
+        return sh::cuda::select(f.d_ws.data(), f.ws_bytes, f.policy, dv, dm, fx::budget, p, sel());
+      });
+    };
+    auto p = partial;
+    p.layers = fx::L + 1;
+    expect_partial_throw("another layer count", "layers", p);
+    p = partial;
+    p.batch = fx::B - 1;
+    expect_partial_throw("another batch", "batch", p);
+    p = partial;
+    p.capacity = f.shape.capacity - 1;
+    expect_partial_throw("another capacity", "capacity", p);
+    p = partial;
+    p.kv_heads = fx::H - 1;
+    expect_partial_throw("fewer heads than this rank holds", "kv_heads", p);
+    p = partial;
+    p.values = {d_partial.data(), d_partial.size() - 1};
+    expect_partial_throw("values too short", "values", p);
+    p = partial;
+    p.values = {reinterpret_cast<float*>(f.d_model_buf.data()), d_partial.size()};
+    expect_throw(t, f, "local_scores: values over the model state", "partial.values",
+                 [&] { return sh::cuda::local_scores(f.policy, dv, dm, fx::budget, p); });
   }
   {
     fxp f;
