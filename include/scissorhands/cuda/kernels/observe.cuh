@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(slot_traits::threads)
 // host::observe_probabilities (group combine in head order, finish,
 // contribution, history update, steps in order), so the state is
 // bit-identical. A sequence with no query this step (ragged, q_len(b) = 0)
-// only has its new tokens admitted. Grid (chunks, kv_heads, batch).
+// only has its new tokens admitted (the only slots it touches). Grid
+// (chunks, kv_heads, batch).
 template <class Policy>
 __global__ void __launch_bounds__(slot_traits::threads)
     observe_probabilities_kernel(Policy policy, sequence_table seqs, eviction_state<memory_space::device> state,
@@ -159,7 +160,10 @@ __global__ void __launch_bounds__(slot_traits::threads)
   }
   const std::int64_t step0 = state.step[r];
   const slot_range mine = block_slots(len);
-  for (std::int32_t t = mine.lo + static_cast<std::int32_t>(threadIdx.x); t < mine.hi; t += slot_traits::threads) {
+  // Without a query this step only the new tokens change: the held ones
+  // are neither loaded nor stored back.
+  const std::int32_t lo = q_len > 0 || mine.lo >= first ? mine.lo : first;
+  for (std::int32_t t = lo + static_cast<std::int32_t>(threadIdx.x); t < mine.hi; t += slot_traits::threads) {
     const std::int64_t i = state.row_index(r, h, t);
     const history_ring ring = state.ring_of(r, h, t);
     float score, observed;
