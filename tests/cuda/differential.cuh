@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "requests.cuh"
 
 namespace differential {
 
@@ -242,59 +243,26 @@ bool run_case(const config& c, mismatch_log& log) {
   // request b is at position b in row b.
   const int live = c.mapped ? uniform(rng, 1, B) : B;
   const int rows = c.mapped ? live + uniform(rng, 0, 3) : B + (coin(rng, 0.3) ? uniform(rng, 1, 2) : 0);
-  std::vector<int> row_of(live), pos_of(live), len(live, 0);
-  std::vector<std::vector<std::int32_t>> pages(live);
-  for (int q = 0; q < live; ++q) row_of[q] = pos_of[q] = q;
-  if (c.mapped) {
-    std::vector<int> r(rows), p(B);
-    std::iota(r.begin(), r.end(), 0);
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(r.begin(), r.end(), rng);
-    std::shuffle(p.begin(), p.end(), rng);
-    for (int q = 0; q < live; ++q) row_of[q] = r[q], pos_of[q] = p[q];
-  }
-  if constexpr (Paged) {
-    std::vector<std::int32_t> ids(num_pages);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    for (int q = 0; q < live; ++q) pages[q].assign(ids.begin() + q * max_pages, ids.begin() + (q + 1) * max_pages);
-  }
-  auto at_position = [&] {  // request at each batch position, -1 for padding
-    std::vector<int> who(B, -1);
-    for (int q = 0; q < live; ++q) who[pos_of[q]] = q;
-    return who;
-  };
-
-  // Lengths or the page table, and the state rows, on both sides.
-  std::vector<std::int32_t> h_lengths(B), h_indptr(B + 1), h_indices(std::max(1, B * max_pages)), h_last(B),
-      h_rows(B), h_new(B), h_freed(B), h_released(h_indices.size());
-  device_buffer<std::int32_t> d_lengths(B), d_indptr(B + 1), d_indices(h_indices.size()), d_last(B), d_rows(B),
-      d_new(B), d_freed(B), d_released(h_indices.size());
-  auto len_at = [&](int b) {
-    const int q = at_position()[b];
-    return q < 0 ? 0 : len[q];
-  };
-  auto sync_table = [&] {
-    const auto who = at_position();
-    for (int b = 0; b < B; ++b) h_rows[b] = who[b] < 0 ? -1 : row_of[who[b]];
-    d_rows.upload(h_rows);
-    if constexpr (Paged) {
-      h_indptr[0] = 0;
-      for (int b = 0; b < B; ++b) {
-        const int l = who[b] < 0 ? 0 : len[who[b]];
-        const int used = (l + P - 1) / P;
-        for (int i = 0; i < used; ++i) h_indices[h_indptr[b] + i] = pages[who[b]][i];
-        h_indptr[b + 1] = h_indptr[b] + used;
-        h_last[b] = used == 0 ? 0 : l - (used - 1) * P;
-      }
-      d_indptr.upload(h_indptr);
-      d_indices.upload(h_indices);
-      d_last.upload(h_last);
-    } else {
-      for (int b = 0; b < B; ++b) h_lengths[b] = who[b] < 0 ? 0 : len[who[b]];
-      d_lengths.upload(h_lengths);
-    }
-  };
+  request_batch reqs(rng, B, live, rows, c.mapped, Paged, P, max_pages, num_pages);
+  auto& row_of = reqs.row_of;
+  auto& pos_of = reqs.pos_of;
+  auto& pages = reqs.pages;
+  auto& h_rows = reqs.h_rows;
+  auto& len = reqs.len;
+  auto& h_lengths = reqs.h_lengths;
+  auto& h_indptr = reqs.h_indptr;
+  auto& h_indices = reqs.h_indices;
+  auto& h_last = reqs.h_last;
+  auto& d_lengths = reqs.d_lengths;
+  auto& d_indptr = reqs.d_indptr;
+  auto& d_indices = reqs.d_indices;
+  auto& d_last = reqs.d_last;
+  auto& d_rows = reqs.d_rows;
+  auto at_position = [&] { return reqs.at_position(); };
+  auto len_at = [&](int b) { return reqs.len_at(b); };
+  auto sync_table = [&] { reqs.sync(); };
+  std::vector<std::int32_t> h_new(B), h_freed(B), h_released(h_indices.size());
+  device_buffer<std::int32_t> d_new(B), d_freed(B), d_released(h_indices.size());
   // The layouts K and V use (V may use the other one).
   auto host_view = [&] {
     if constexpr (Paged) {
