@@ -222,7 +222,7 @@ bool run_case(const config& c, mismatch_log& log) {
   const int B = c.batch, H = c.kv_heads, D = c.head_dim, G = c.group, QH = H * G;
   const int P = c.page_size;
   const int max_pages = Paged ? (c.capacity + P - 1) / P : 0;
-  const int num_pages = Paged ? B * max_pages + 3 : 0;  // a few pages no sequence uses
+  const int num_pages = Paged ? B * max_pages + 3 : 0;  // a few reqs.pages no sequence uses
   const int cap = Paged ? max_pages * P : c.capacity;
   const bool hnd = c.layout % 2 == 1;
   const std::size_t elements = Paged ? static_cast<std::size_t>(num_pages) * P * H * D
@@ -238,45 +238,28 @@ bool run_case(const config& c, mismatch_log& log) {
   fill_random(hv, rng, -2.0f, 2.0f);
   device_buffer<T> dk(elements), dv(elements);
 
-  // Requests: each keeps its state row and (paged) its pages for its whole
+  // Requests: each keeps its state row and (paged) its reqs.pages for its whole
   // life; the scheduler puts it at a batch position. Without a mapping,
   // request b is at position b in row b.
   const int live = c.mapped ? uniform(rng, 1, B) : B;
   const int rows = c.mapped ? live + uniform(rng, 0, 3) : B + (coin(rng, 0.3) ? uniform(rng, 1, 2) : 0);
   request_batch reqs(rng, B, live, rows, c.mapped, Paged, P, max_pages, num_pages);
-  auto& row_of = reqs.row_of;
-  auto& pos_of = reqs.pos_of;
-  auto& pages = reqs.pages;
-  auto& h_rows = reqs.h_rows;
-  auto& len = reqs.len;
-  auto& h_lengths = reqs.h_lengths;
-  auto& h_indptr = reqs.h_indptr;
-  auto& h_indices = reqs.h_indices;
-  auto& h_last = reqs.h_last;
-  auto& d_lengths = reqs.d_lengths;
-  auto& d_indptr = reqs.d_indptr;
-  auto& d_indices = reqs.d_indices;
-  auto& d_last = reqs.d_last;
-  auto& d_rows = reqs.d_rows;
-  auto at_position = [&] { return reqs.at_position(); };
-  auto len_at = [&](int b) { return reqs.len_at(b); };
-  auto sync_table = [&] { reqs.sync(); };
-  std::vector<std::int32_t> h_new(B), h_freed(B), h_released(h_indices.size());
-  device_buffer<std::int32_t> d_new(B), d_freed(B), d_released(h_indices.size());
+  std::vector<std::int32_t> h_new(B), h_freed(B), h_released(reqs.h_indices.size());
+  device_buffer<std::int32_t> d_new(B), d_freed(B), d_released(reqs.h_indices.size());
   // The layouts K and V use (V may use the other one).
   auto host_view = [&] {
     if constexpr (Paged) {
       auto v = sh::make_paged_kv_view(sh::host_span<T>(hk.data(), elements), sh::host_span<T>(hv.data(), elements),
-                                      sh::host_span<const std::int32_t>(h_indptr.data(), h_indptr.size()),
-                                      sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
-                                      sh::host_span<const std::int32_t>(h_last.data(), h_last.size()), B, H, D, P,
-                                      num_pages, max_pages, hnd);
+                                      sh::host_span<const std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
+                                      sh::host_span<const std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
+                                      sh::host_span<const std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), B, H,
+                                      D, P, num_pages, max_pages, hnd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {
       auto v = sh::make_kv_view(sh::host_span<T>(hk.data(), elements), sh::host_span<T>(hv.data(), elements),
-                                sh::host_span<const std::int32_t>(h_lengths.data(), h_lengths.size()), B, H, D, cap,
-                                hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+                                sh::host_span<const std::int32_t>(reqs.h_lengths.data(), reqs.h_lengths.size()), B, H,
+                                D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::kv_layout::nhd(cap, H, D) : sh::kv_layout::hnd(cap, H, D);
       return v;
     }
@@ -284,21 +267,21 @@ bool run_case(const config& c, mismatch_log& log) {
   auto device_view = [&] {
     if constexpr (Paged) {
       auto v = sh::make_paged_kv_view(dk.span(), dv.span(),
-                                      sh::device_span<const std::int32_t>(d_indptr.data(), d_indptr.size()),
-                                      sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
-                                      sh::device_span<const std::int32_t>(d_last.data(), d_last.size()), B, H, D, P,
-                                      num_pages, max_pages, hnd);
+                                      sh::device_span<const std::int32_t>(reqs.d_indptr.data(), reqs.d_indptr.size()),
+                                      sh::device_span<const std::int32_t>(reqs.d_indices.data(), reqs.d_indices.size()),
+                                      sh::device_span<const std::int32_t>(reqs.d_last.data(), reqs.d_last.size()), B, H,
+                                      D, P, num_pages, max_pages, hnd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {
       auto v = sh::make_kv_view(dk.span(), dv.span(),
-                                sh::device_span<const std::int32_t>(d_lengths.data(), d_lengths.size()), B, H, D,
-                                cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+                                sh::device_span<const std::int32_t>(reqs.d_lengths.data(), reqs.d_lengths.size()), B, H,
+                                D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::kv_layout::nhd(cap, H, D) : sh::kv_layout::hnd(cap, H, D);
       return v;
     }
   };
-  sync_table();
+  reqs.sync();
   const auto hview0 = host_view();
   std::int64_t block = 0;  // one position's K (and V) elements
   if constexpr (!Paged) block = hview0.k_layout.sequence_stride;
@@ -311,8 +294,8 @@ bool run_case(const config& c, mismatch_log& log) {
   const auto hst0 = sh::make_state(h_state_buf.span(), shape);
   const auto dst0 = sh::make_state(d_state_buf.span(), shape);
   const auto dsnap = sh::make_state(snapshot.span(), shape);
-  const auto hst = c.mapped ? hst0.for_batch(sh::host_span<const std::int32_t>(h_rows.data(), B)) : hst0;
-  const auto dst = c.mapped ? dst0.for_batch(sh::device_span<const std::int32_t>(d_rows.data(), B)) : dst0;
+  const auto hst = c.mapped ? hst0.for_batch(sh::host_span<const std::int32_t>(reqs.h_rows.data(), B)) : hst0;
+  const auto dst = c.mapped ? dst0.for_batch(sh::device_span<const std::int32_t>(reqs.d_rows.data(), B)) : dst0;
   sh::host::reset_state(hst0);
   CUDA_CHECK(sh::cuda::reset_state(dst0));
   aligned_bytes h_ws(sh::host::compress_workspace_bytes(hview0));
@@ -324,7 +307,7 @@ bool run_case(const config& c, mismatch_log& log) {
   auto download_state = [&] { d_state_buf.download(snapshot.data(), state_bytes); };
   auto live_rows = [&](const std::vector<int>& slots) {
     std::vector<row_slots> out;
-    for (int q = 0; q < live; ++q) out.push_back({row_of[q], slots[q]});
+    for (int q = 0; q < live; ++q) out.push_back({reqs.row_of[q], slots[q]});
     return out;
   };
 
@@ -337,12 +320,12 @@ bool run_case(const config& c, mismatch_log& log) {
       if (c.mapped) {
         std::vector<int> free_rows;
         for (int r = 0; r < rows; ++r)
-          if (std::find(row_of.begin(), row_of.end(), r) == row_of.end()) free_rows.push_back(r);
-        if (!free_rows.empty()) row_of[q] = free_rows[uniform(rng, 0, static_cast<int>(free_rows.size()) - 1)];
+          if (std::find(reqs.row_of.begin(), reqs.row_of.end(), r) == reqs.row_of.end()) free_rows.push_back(r);
+        if (!free_rows.empty()) reqs.row_of[q] = free_rows[uniform(rng, 0, static_cast<int>(free_rows.size()) - 1)];
       }
-      sh::host::reset_sequence(hst0, row_of[q], start);
-      CUDA_CHECK(sh::cuda::reset_sequence(dst0, row_of[q], start));
-      len[q] = 0;
+      sh::host::reset_sequence(hst0, reqs.row_of[q], start);
+      CUDA_CHECK(sh::cuda::reset_sequence(dst0, reqs.row_of[q], start));
+      reqs.len[q] = 0;
     }
     if (c.mapped && step > 0 && coin(rng, 0.5)) {
       std::vector<int> p(B);
@@ -351,26 +334,26 @@ bool run_case(const config& c, mismatch_log& log) {
       if constexpr (!Paged) {
         const std::vector<T> k_old = hk, v_old = hv;
         for (int q = 0; q < live; ++q) {
-          std::copy_n(k_old.begin() + pos_of[q] * block, block, hk.begin() + p[q] * block);
-          std::copy_n(v_old.begin() + pos_of[q] * block, block, hv.begin() + p[q] * block);
+          std::copy_n(k_old.begin() + reqs.pos_of[q] * block, block, hk.begin() + p[q] * block);
+          std::copy_n(v_old.begin() + reqs.pos_of[q] * block, block, hv.begin() + p[q] * block);
         }
       }
-      for (int q = 0; q < live; ++q) pos_of[q] = p[q];
+      for (int q = 0; q < live; ++q) reqs.pos_of[q] = p[q];
     }
     // 1. The engine appends tokens (ragged, none for some).
     for (int q = 0; q < live; ++q) {
       int add = step == 0 ? uniform(rng, 0, most) : uniform(rng, 0, 3);
       if (step == 0 && coin(rng, 0.8)) add = std::max(add, 1);
-      add = std::min(add, most - len[q]);
-      for (int t = len[q]; t < len[q] + add; ++t)
+      add = std::min(add, most - reqs.len[q]);
+      for (int t = reqs.len[q]; t < reqs.len[q] + add; ++t)
         for (int h = 0; h < H; ++h) {
           std::int64_t ko, vo;
           if constexpr (Paged) {
-            ko = hview0.k_layout.offset(pages[q][t / P], h, t % P);
-            vo = hview0.v_layout.offset(pages[q][t / P], h, t % P);
+            ko = hview0.k_layout.offset(reqs.pages[q][t / P], h, t % P);
+            vo = hview0.v_layout.offset(reqs.pages[q][t / P], h, t % P);
           } else {
-            ko = hview0.k_layout.offset(pos_of[q], h, t);
-            vo = hview0.v_layout.offset(pos_of[q], h, t);
+            ko = hview0.k_layout.offset(reqs.pos_of[q], h, t);
+            vo = hview0.v_layout.offset(reqs.pos_of[q], h, t);
           }
           std::uniform_real_distribution<float> d(-2.0f, 2.0f);
           for (int x = 0; x < D; ++x) {
@@ -378,21 +361,21 @@ bool run_case(const config& c, mismatch_log& log) {
             hv[vo + x] = from_float<T>(d(rng));
           }
         }
-      len[q] += add;
+      reqs.len[q] += add;
     }
-    sync_table();
+    reqs.sync();
     dk.upload(hk);
     dv.upload(hv);
     const auto hview = host_view();
     const auto dview = device_view();
-    const std::vector<int> observed_len = len;
+    const std::vector<int> observed_len = reqs.len;
 
     // 2. This step's queries: uniform q_len (at most the shortest non-empty
     //    sequence, 0 now and then) or ragged per sequence (0 for some,
     //    anything for positions holding no token: they are skipped).
     int min_len = std::numeric_limits<int>::max(), max_len = 0;
     for (int b = 0; b < B; ++b) {
-      const int l = len_at(b);
+      const int l = reqs.len_at(b);
       if (l > 0) min_len = std::min(min_len, l);
       max_len = std::max(max_len, l);
     }
@@ -403,7 +386,7 @@ bool run_case(const config& c, mismatch_log& log) {
     std::vector<int> q_of(B, 0);
     if (ragged) {
       for (int b = 0; b < B; ++b) {
-        const int l = len_at(b);
+        const int l = reqs.len_at(b);
         if (l == 0)
           q_of[b] = uniform(rng, 0, 2);
         else if (coin(rng, 0.2))
@@ -442,7 +425,7 @@ bool run_case(const config& c, mismatch_log& log) {
                               : sh::probability_view<host_space>::dense({probs.data(), probs.size()}, QH, q_len, cols);
       std::normal_distribution<float> logit(0.0f, 2.0f);
       for (int b = 0; b < B; ++b) {
-        const int l = len_at(b);
+        const int l = reqs.len_at(b);
         if (l == 0) continue;
         for (int qh = 0; qh < QH; ++qh)
           for (int j = 0; j < q_of[b]; ++j) {
@@ -471,7 +454,7 @@ bool run_case(const config& c, mismatch_log& log) {
                              : sh::query_view<T, host_space>::dense({q.data(), q.size()}, QH, q_len, D);
       std::uniform_real_distribution<float> qd(-2.0f, 2.0f);
       for (int b = 0; b < B; ++b) {
-        if (len_at(b) == 0) continue;
+        if (reqs.len_at(b) == 0) continue;
         for (int qh = 0; qh < QH; ++qh)
           for (int j = 0; j < q_of[b]; ++j) {
             T* row = q.data() + row_offset(qo_ptr, hq.sequence_stride, hq.head_stride, hq.query_stride, b, qh, j);
@@ -494,7 +477,7 @@ bool run_case(const config& c, mismatch_log& log) {
              : c.token_major ? sh::lse_view<host_space>::token_major(ls, QH, q_len, base)
                              : sh::lse_view<host_space>::dense(ls, QH, q_len, base);
         for (int b = 0; b < B; ++b) {
-          const int l = len_at(b);
+          const int l = reqs.len_at(b);
           if (l == 0) continue;
           for (int qh = 0; qh < QH; ++qh)
             for (int j = 0; j < q_of[b]; ++j) {
@@ -551,7 +534,7 @@ bool run_case(const config& c, mismatch_log& log) {
       const auto dev_new = d_new.download(), dev_freed = d_freed.download();
       for (int b = 0; b < B; ++b) {
         if (dev_new[b] != h_new[b]) log.add("compress: new_lengths[", b, "] host ", h_new[b], " device ", dev_new[b]);
-        if (h_new[b] != sh::length_after_compress(len_at(b), c.budget, c.m))
+        if (h_new[b] != sh::length_after_compress(reqs.len_at(b), c.budget, c.m))
           log.add("compress: new_lengths[", b, "] ", h_new[b], " is not length_after_compress");
         if (with_freed && dev_freed[b] != h_freed[b])
           log.add("compress: freed_pages[", b, "] host ", h_freed[b], " device ", dev_freed[b]);
@@ -559,7 +542,7 @@ bool run_case(const config& c, mismatch_log& log) {
     }
     if (!log.ok()) return false;
     std::vector<int> kept_len(live);
-    const auto who = at_position();
+    const auto who = reqs.at_position();
     for (int b = 0; b < B; ++b)
       if (who[b] >= 0) kept_len[who[b]] = h_new[b];
     if (!compare_state("after compress", hst0, dsnap, live_rows(kept_len), score_rule{}, true, log)) return false;
@@ -568,7 +551,7 @@ bool run_case(const config& c, mismatch_log& log) {
     for (int q = 0; q < live; ++q)
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < kept_len[q]; ++t) {
-          const int b = pos_of[q];
+          const int b = reqs.pos_of[q];
           const std::size_t ko = static_cast<std::size_t>(hview.k_row(b, h, t) - hk.data());
           const std::size_t vo = static_cast<std::size_t>(hview.v_row(b, h, t) - hv.data());
           if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0)
@@ -581,42 +564,45 @@ bool run_case(const config& c, mismatch_log& log) {
     // 5. The engine applies the new lengths (paged: shrinks the table on
     //    both sides; the next step rebuilds it, which must agree).
     if constexpr (Paged) {
-      const std::size_t released = sh::host::shrink_page_table(
-          sh::host_span<std::int32_t>(h_indptr.data(), h_indptr.size()),
-          sh::host_span<std::int32_t>(h_indices.data(), h_indices.size()),
-          sh::host_span<std::int32_t>(h_last.data(), h_last.size()), P,
-          sh::host_span<const std::int32_t>(h_new.data(), B),
-          sh::host_span<std::int32_t>(h_released.data(), h_released.size()));
-      CUDA_CHECK(sh::cuda::shrink_page_table(d_indptr.span(), d_indices.span(), d_last.span(), P,
-                                             sh::device_span<const std::int32_t>(d_new.data(), B),
-                                             d_released.span(), d_result.data()));
+      const std::size_t released =
+          sh::host::shrink_page_table(sh::host_span<std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
+                                      sh::host_span<std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
+                                      sh::host_span<std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), P,
+                                      sh::host_span<const std::int32_t>(h_new.data(), B),
+                                      sh::host_span<std::int32_t>(h_released.data(), h_released.size()));
+      CUDA_CHECK(sh::cuda::shrink_page_table(reqs.d_indptr.span(), reqs.d_indices.span(), reqs.d_last.span(), P,
+                                             sh::device_span<const std::int32_t>(d_new.data(), B), d_released.span(),
+                                             d_result.data()));
       sh::cuda::shrink_result result;
       CUDA_CHECK(cudaDeviceSynchronize());
       d_result.download(&result, 1);
-      const auto di = d_indptr.download(), dx = d_indices.download(), dl = d_last.download(),
+      const auto di = reqs.d_indptr.download(), dx = reqs.d_indices.download(), dl = reqs.d_last.download(),
                  dr = d_released.download();
       if (result.status != 0 || result.released != static_cast<std::int32_t>(released))
         log.add("shrink_page_table: device {", result.released, ", ", result.status, "} host released ", released);
       for (int b = 0; b <= B; ++b)
-        if (di[b] != h_indptr[b]) log.add("shrink_page_table: indptr[", b, "] host ", h_indptr[b], " device ", di[b]);
-      for (int i = 0; i < h_indptr[B]; ++i)
-        if (dx[i] != h_indices[i]) log.add("shrink_page_table: indices[", i, "] host ", h_indices[i], " device ", dx[i]);
+        if (di[b] != reqs.h_indptr[b])
+          log.add("shrink_page_table: indptr[", b, "] host ", reqs.h_indptr[b], " device ", di[b]);
+      for (int i = 0; i < reqs.h_indptr[B]; ++i)
+        if (dx[i] != reqs.h_indices[i])
+          log.add("shrink_page_table: indices[", i, "] host ", reqs.h_indices[i], " device ", dx[i]);
       for (int b = 0; b < B; ++b)
-        if (dl[b] != h_last[b]) log.add("shrink_page_table: last_page_len[", b, "] host ", h_last[b], " device ", dl[b]);
+        if (dl[b] != reqs.h_last[b])
+          log.add("shrink_page_table: last_page_len[", b, "] host ", reqs.h_last[b], " device ", dl[b]);
       for (std::size_t i = 0; i < released; ++i)
         if (dr[i] != h_released[i])
           log.add("shrink_page_table: released[", i, "] host ", h_released[i], " device ", dr[i]);
       if (!log.ok()) return false;
-      const std::vector<std::int32_t> shrunk_indptr = h_indptr, shrunk_last = h_last;
-      const std::vector<std::int32_t> shrunk_indices(h_indices.begin(), h_indices.begin() + h_indptr[B]);
-      len = kept_len;
-      sync_table();
-      if (shrunk_indptr != h_indptr || shrunk_last != h_last ||
-          !std::equal(shrunk_indices.begin(), shrunk_indices.end(), h_indices.begin()))
+      const std::vector<std::int32_t> shrunk_indptr = reqs.h_indptr, shrunk_last = reqs.h_last;
+      const std::vector<std::int32_t> shrunk_indices(reqs.h_indices.begin(), reqs.h_indices.begin() + reqs.h_indptr[B]);
+      reqs.len = kept_len;
+      reqs.sync();
+      if (shrunk_indptr != reqs.h_indptr || shrunk_last != reqs.h_last ||
+          !std::equal(shrunk_indices.begin(), shrunk_indices.end(), reqs.h_indices.begin()))
         log.add("shrink_page_table: the shrunk table is not the table of the new lengths");
       if (!log.ok()) return false;
     } else {
-      len = kept_len;
+      reqs.len = kept_len;
     }
   }
   return true;

@@ -276,45 +276,30 @@ bool run_case(const config& c, mismatch_log& log) {
   const int live = c.mapped ? uniform(rng, 1, B) : B;
   const int rows = c.mapped ? live + uniform(rng, 0, 2) : B + (coin(rng, 0.3) ? 1 : 0);
   request_batch reqs(rng, B, live, rows, c.mapped, Paged, P, max_pages, num_pages);
-  auto& row_of = reqs.row_of;
-  auto& pos_of = reqs.pos_of;
-  auto& h_rows = reqs.h_rows;
-  auto& len = reqs.len;
-  auto& h_lengths = reqs.h_lengths;
-  auto& h_indptr = reqs.h_indptr;
-  auto& h_indices = reqs.h_indices;
-  auto& h_last = reqs.h_last;
-  auto& d_lengths = reqs.d_lengths;
-  auto& d_indptr = reqs.d_indptr;
-  auto& d_indices = reqs.d_indices;
-  auto& d_last = reqs.d_last;
-  auto& d_rows = reqs.d_rows;
-  auto at_position = [&] { return reqs.at_position(); };
-  auto len_at = [&](int b) { return reqs.len_at(b); };
-  auto sync_table = [&] { reqs.sync(); };
   auto host_view = [&](int l) {
     const sh::host_span<T> k(hk.data() + elements * l, elements), v(hv.data() + elements * l, elements);
     if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(h_indptr.data(), h_indptr.size()),
-                                    sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
-                                    sh::host_span<const std::int32_t>(h_last.data(), h_last.size()), B, H, D, P,
-                                    num_pages, max_pages, hnd);
+      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
+                                    sh::host_span<const std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
+                                    sh::host_span<const std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), B, H, D,
+                                    P, num_pages, max_pages, hnd);
     else
-      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(h_lengths.data(), h_lengths.size()), B, H, D,
-                              cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_lengths.data(), reqs.h_lengths.size()), B,
+                              H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   };
   auto device_view = [&](int l) {
     const sh::device_span<T> k(dk.data() + elements * l, elements), v(dv.data() + elements * l, elements);
     if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v, sh::device_span<const std::int32_t>(d_indptr.data(), d_indptr.size()),
-                                    sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
-                                    sh::device_span<const std::int32_t>(d_last.data(), d_last.size()), B, H, D, P,
-                                    num_pages, max_pages, hnd);
+      return sh::make_paged_kv_view(k, v,
+                                    sh::device_span<const std::int32_t>(reqs.d_indptr.data(), reqs.d_indptr.size()),
+                                    sh::device_span<const std::int32_t>(reqs.d_indices.data(), reqs.d_indices.size()),
+                                    sh::device_span<const std::int32_t>(reqs.d_last.data(), reqs.d_last.size()), B, H,
+                                    D, P, num_pages, max_pages, hnd);
     else
-      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(d_lengths.data(), d_lengths.size()), B, H,
-                              D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(reqs.d_lengths.data(), reqs.d_lengths.size()),
+                              B, H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   };
-  sync_table();
+  reqs.sync();
   const auto hview0 = host_view(0);
   std::int64_t block = 0;  // one batch position's K (or V) elements, contiguous
   if constexpr (!Paged) block = hview0.k_layout.sequence_stride;
@@ -327,8 +312,8 @@ bool run_case(const config& c, mismatch_log& log) {
   const auto hm0 = sh::make_model_state(h_model_buf.span(), shape, L);
   const auto dm0 = sh::make_model_state(d_model_buf.span(), shape, L);
   const auto dsnap = sh::make_model_state(snapshot.span(), shape, L);
-  const auto hm = c.mapped ? hm0.for_batch(sh::host_span<const std::int32_t>(h_rows.data(), B)) : hm0;
-  const auto dm = c.mapped ? dm0.for_batch(sh::device_span<const std::int32_t>(d_rows.data(), B)) : dm0;
+  const auto hm = c.mapped ? hm0.for_batch(sh::host_span<const std::int32_t>(reqs.h_rows.data(), B)) : hm0;
+  const auto dm = c.mapped ? dm0.for_batch(sh::device_span<const std::int32_t>(reqs.d_rows.data(), B)) : dm0;
   sh::host::reset_state(hm0);
   CUDA_CHECK(sh::cuda::reset_state(dm0));
 
@@ -353,7 +338,7 @@ bool run_case(const config& c, mismatch_log& log) {
   auto download_model = [&] { d_model_buf.download(snapshot.data(), model_bytes); };
   auto live_rows = [&](const std::vector<int>& slots) {
     std::vector<row_slots> out;
-    for (int q = 0; q < live; ++q) out.push_back({row_of[q], slots[q]});
+    for (int q = 0; q < live; ++q) out.push_back({reqs.row_of[q], slots[q]});
     return out;
   };
 
@@ -362,9 +347,9 @@ bool run_case(const config& c, mismatch_log& log) {
     //    reorders the batch (contiguous K/V move with their request).
     if (step > 0 && coin(rng, 0.15)) {
       const int q = uniform(rng, 0, live - 1), start = uniform(rng, 0, 1000);
-      sh::host::reset_sequence(hm0, row_of[q], start);
-      CUDA_CHECK(sh::cuda::reset_sequence(dm0, row_of[q], start));
-      len[q] = 0;
+      sh::host::reset_sequence(hm0, reqs.row_of[q], start);
+      CUDA_CHECK(sh::cuda::reset_sequence(dm0, reqs.row_of[q], start));
+      reqs.len[q] = 0;
     }
     if (c.mapped && step > 0 && coin(rng, 0.5)) {
       std::vector<int> p(B);
@@ -374,32 +359,32 @@ bool run_case(const config& c, mismatch_log& log) {
         const std::vector<T> k_old = hk, v_old = hv;
         for (int l = 0; l < L; ++l)
           for (int q = 0; q < live; ++q) {
-            const std::size_t from = elements * l + pos_of[q] * block, to = elements * l + p[q] * block;
+            const std::size_t from = elements * l + reqs.pos_of[q] * block, to = elements * l + p[q] * block;
             std::copy_n(k_old.begin() + from, block, hk.begin() + to);
             std::copy_n(v_old.begin() + from, block, hv.begin() + to);
           }
       }
-      for (int q = 0; q < live; ++q) pos_of[q] = p[q];
+      for (int q = 0; q < live; ++q) reqs.pos_of[q] = p[q];
     }
     // 1. The engine appends tokens to every layer.
     for (int q = 0; q < live; ++q) {
       int add = step == 0 ? uniform(rng, 0, most) : uniform(rng, 0, 3);
       if (step == 0 && coin(rng, 0.8)) add = std::max(add, 1);
-      add = std::min(add, most - len[q]);
-      len[q] += add;
+      add = std::min(add, most - reqs.len[q]);
+      reqs.len[q] += add;
     }
-    sync_table();
+    reqs.sync();
     {
       std::uniform_real_distribution<float> d(-2.0f, 2.0f);
-      const auto who = at_position();
+      const auto who = reqs.at_position();
       for (int l = 0; l < L; ++l) {
         const auto hvw = host_view(l);
         for (int b = 0; b < B; ++b) {
           if (who[b] < 0) continue;
           // New rows since the state last tracked them: rewrite every row
           // past the host's tracked count (the others are the state's).
-          const int first = hm.layer(l).tracked[h_rows[b]];
-          for (int t = first; t < len_at(b); ++t)
+          const int first = hm.layer(l).tracked[reqs.h_rows[b]];
+          for (int t = first; t < reqs.len_at(b); ++t)
             for (int h = 0; h < H; ++h) {
               T* k = hvw.k_row(b, h, t);
               T* v = hvw.v_row(b, h, t);
@@ -410,12 +395,12 @@ bool run_case(const config& c, mismatch_log& log) {
     }
     dk.upload(hk);
     dv.upload(hv);
-    const std::vector<int> observed_len = len;
+    const std::vector<int> observed_len = reqs.len;
 
     // 2. Observe every layer, each with its own probabilities.
     int min_len = std::numeric_limits<int>::max(), max_len = 1;
     for (int b = 0; b < B; ++b) {
-      const int l = len_at(b);
+      const int l = reqs.len_at(b);
       if (l > 0) min_len = std::min(min_len, l);
       max_len = std::max(max_len, l);
     }
@@ -427,7 +412,7 @@ bool run_case(const config& c, mismatch_log& log) {
       if constexpr (attention) {
         std::normal_distribution<float> logit(0.0f, 2.0f);
         for (int b = 0; b < B; ++b) {
-          const int n = len_at(b);
+          const int n = reqs.len_at(b);
           if (n == 0) continue;
           for (int qh = 0; qh < QH; ++qh)
             for (int j = 0; j < q_len; ++j) {
@@ -474,7 +459,7 @@ bool run_case(const config& c, mismatch_log& log) {
       // in [0, length] as both backends require (0 for an empty sequence or
       // a padding slot).
       for (int b = 0; b < B; ++b) {
-        const int n = len_at(b);
+        const int n = reqs.len_at(b);
         h_pinned[b] = !c.pinned       ? 0
                       : n >= c.budget ? uniform(rng, 0, std::max(0, c.budget - c.m - protect))
                                       : uniform(rng, 0, n);
@@ -539,7 +524,7 @@ bool run_case(const config& c, mismatch_log& log) {
             const std::int32_t* list = h_slots.data() + static_cast<std::size_t>(b) * stride;
             for (int h = 0; h < H; ++h) {
               int to = list[0], k = 0;
-              for (int from = list[0]; from < len_at(b); ++from) {
+              for (int from = list[0]; from < reqs.len_at(b); ++from) {
                 if (k < count && list[k] == from) {
                   ++k;
                   continue;
@@ -565,14 +550,14 @@ bool run_case(const config& c, mismatch_log& log) {
       const auto dn = d_new.download(), df = d_freed.download();
       for (int b = 0; b < B; ++b) {
         if (dn[b] != h_new[b]) log.add(what, ": new_lengths[", b, "] host ", h_new[b], " device ", dn[b]);
-        if (h_new[b] != sh::length_after_compress(len_at(b), c.budget, c.m))
+        if (h_new[b] != sh::length_after_compress(reqs.len_at(b), c.budget, c.m))
           log.add(what, ": new_lengths[", b, "] ", h_new[b], " is not length_after_compress");
         if (with_freed && df[b] != h_freed[b]) log.add(what, ": freed_pages[", b, "] host ", h_freed[b], " device ", df[b]);
       }
       if (!log.ok()) return false;
     }
     std::vector<int> kept_len(live);
-    const auto who = at_position();
+    const auto who = reqs.at_position();
     for (int b = 0; b < B; ++b)
       if (who[b] >= 0) kept_len[who[b]] = h_new[b];
     if (!compare_model("after eviction", hm0, dsnap, live_rows(kept_len), log)) return false;
@@ -582,7 +567,7 @@ bool run_case(const config& c, mismatch_log& log) {
       for (int q = 0; q < live; ++q)
         for (int h = 0; h < H; ++h)
           for (int t = 0; t < kept_len[q]; ++t) {
-            const int b = pos_of[q];
+            const int b = reqs.pos_of[q];
             const std::size_t ko = static_cast<std::size_t>(hvw.k_row(b, h, t) - hk.data());
             const std::size_t vo = static_cast<std::size_t>(hvw.v_row(b, h, t) - hv.data());
             if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0)
@@ -593,7 +578,7 @@ bool run_case(const config& c, mismatch_log& log) {
     }
     if (!log.ok()) return false;
     // 5. The engine applies the new lengths (the next step's table).
-    len = kept_len;
+    reqs.len = kept_len;
   }
   return true;
 }
