@@ -588,6 +588,11 @@ int run_error_tests() {
     });
     const auto dense_q = sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D);
     const auto dense_lse = sh::lse_view<device_space>::dense({in.d_lse.data(), in.lse.size()}, c.QH, 1);
+    expect_throw(c, "a negative queries stride", "queries strides", [&] {
+      auto qv = dense_q;
+      qv.query_stride = -1;
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), qv, dense_lse, 0.0f);
+    });
     expect_throw(c, "queries of another head_dim", "queries.head_dim", [&] {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
@@ -828,6 +833,26 @@ int run_shrink_tests(std::uint64_t seed, bool quick) {
     });
     tally.refuses("empty indptr", "indptr", [&] {
       return sh::cuda::shrink_page_table({}, {}, {}, 2, {}, {}, dev.result.data());
+    });
+    tally.refuses("last_page_len of the wrong size", "last_page_len", [&] {
+      return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
+                                         {dev.last.data(), 3}, 2, {dev.new_lengths.data(), 4},
+                                         {dev.released.data(), t.released.size()}, dev.result.data());
+    });
+    tally.refuses("null indices with entries", "indices", [&] {
+      return sh::cuda::shrink_page_table(dev.indptr.span(), {nullptr, t.indices.size()}, {dev.last.data(), 4}, 2,
+                                         {dev.new_lengths.data(), 4}, {dev.released.data(), t.released.size()},
+                                         dev.result.data());
+    });
+    tally.refuses("null released with entries", "released", [&] {
+      return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
+                                         {dev.last.data(), 4}, 2, {dev.new_lengths.data(), 4},
+                                         {nullptr, t.released.size()}, dev.result.data());
+    });
+    tally.refuses("new_lengths overlapping last_page_len", "new_lengths", [&] {
+      return sh::cuda::shrink_page_table(dev.indptr.span(), {dev.indices.data(), t.indices.size()},
+                                         {dev.last.data(), 4}, 2, {dev.last.data(), 4},
+                                         {dev.released.data(), t.released.size()}, dev.result.data());
     });
   }
   return tally.report();
