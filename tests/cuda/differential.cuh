@@ -338,7 +338,7 @@ bool run_case(const config& c, mismatch_log& log) {
           std::copy_n(v_old.begin() + reqs.pos_of[q] * block, block, hv.begin() + p[q] * block);
         }
       }
-      for (int q = 0; q < live; ++q) reqs.pos_of[q] = p[q];
+      reqs.move_to(p);
     }
     // 1. The engine appends tokens (ragged, none for some).
     for (int q = 0; q < live; ++q) {

@@ -17,7 +17,7 @@ namespace harness {
 struct request_batch {
   int batch = 0, page_size = 1;
   bool paged = false;
-  std::vector<int> row_of, pos_of, len;          // per request
+  std::vector<int> row_of, pos_of, len;          // per request; pos_of changes only through move_to
   std::vector<std::vector<std::int32_t>> pages;  // per request (paged)
   std::vector<std::int32_t> h_lengths, h_indptr, h_indices, h_last, h_rows;
   device_buffer<std::int32_t> d_lengths, d_indptr, d_indices, d_last, d_rows;
@@ -44,7 +44,8 @@ struct request_batch {
         d_indptr(batch_size + 1),
         d_indices(h_indices.size()),
         d_last(batch_size),
-        d_rows(batch_size) {
+        d_rows(batch_size),
+        request_at_(batch_size, -1) {
     for (int q = 0; q < live; ++q) row_of[q] = pos_of[q] = q;
     if (mapped) {
       std::vector<int> r(rows), p(batch_size);
@@ -60,17 +61,20 @@ struct request_batch {
       std::shuffle(ids.begin(), ids.end(), rng);
       for (int q = 0; q < live; ++q) pages[q].assign(ids.begin() + q * max_pages, ids.begin() + (q + 1) * max_pages);
     }
+    move_to(pos_of);
   }
 
   int live() const { return static_cast<int>(len.size()); }
-  // The request at each batch position, -1 for padding.
-  std::vector<int> at_position() const {
-    std::vector<int> who(batch, -1);
-    for (int q = 0; q < live(); ++q) who[pos_of[q]] = q;
-    return who;
+  // Request q moves to batch position p[q] (the scheduler reorders its
+  // batch); the position map is kept so that len_at is O(1) in loops.
+  void move_to(const std::vector<int>& p) {
+    std::fill(request_at_.begin(), request_at_.end(), -1);
+    for (int q = 0; q < live(); ++q) request_at_[p[q]] = q, pos_of[q] = p[q];
   }
+  // The request at each batch position, -1 for padding.
+  const std::vector<int>& at_position() const { return request_at_; }
   int len_at(int b) const {
-    const int q = at_position()[b];
+    const int q = request_at_[b];
     return q < 0 ? 0 : len[q];
   }
   void sync() {
@@ -95,6 +99,9 @@ struct request_batch {
       d_lengths.upload(h_lengths);
     }
   }
+
+ private:
+  std::vector<int> request_at_;
 };
 
 }  // namespace harness

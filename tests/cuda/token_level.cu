@@ -364,7 +364,7 @@ bool run_case(const config& c, mismatch_log& log) {
             std::copy_n(v_old.begin() + from, block, hv.begin() + to);
           }
       }
-      for (int q = 0; q < live; ++q) reqs.pos_of[q] = p[q];
+      reqs.move_to(p);
     }
     // 1. The engine appends tokens to every layer.
     for (int q = 0; q < live; ++q) {
