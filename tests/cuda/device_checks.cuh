@@ -234,7 +234,6 @@ int run_error_tests() {
   using namespace checks;
   using op = fault_case::op;
   check_tally tally{"errors"};
-  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   auto status_text = [](const std::vector<std::uint32_t>& w) {
     std::string s;
     for (std::size_t r = 0; r < w.size(); ++r)
@@ -257,17 +256,17 @@ int run_error_tests() {
     for (int b = 0; b < c.B; ++b)
       if (b != bad) rows_ok = rows_ok && w[c.map[b]] == 0;
     if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
-    expect(rows_ok, what + ": the bit is in the faulty sequence's row only");
+    tally.device(rows_ok, what + ": the bit is in the faulty sequence's row only");
     const auto dev = c.device_state_bytes();
-    expect(c.same_state(dev.data(), c.h_state.data()),
-           what + ": the state equals the host's run without the sequence (its row untouched)");
-    expect(c.same_kv(), what + ": K and V equal the host's");
+    tally.device(c.same_state(dev.data(), c.h_state.data()),
+                 what + ": the state equals the host's run without the sequence (its row untouched)");
+    tally.device(c.same_kv(), what + ": K and V equal the host's");
     if (o == op::compress) {
       const auto d_new = c.d_new.download();
       bool out_ok = d_new[bad] == sh::length_after_compress(c.lengths[bad], c.budget, c.m);
       for (int b = 0; b < c.B; ++b)
         if (b != bad) out_ok = out_ok && d_new[b] == c.h_new[b];
-      expect(out_ok, what + ": new_lengths written for every sequence");
+      tally.device(out_ok, what + ": new_lengths written for every sequence");
     }
   };
   // A condition of the whole batch: every row of the batch flagged, nothing written.
@@ -286,10 +285,11 @@ int run_error_tests() {
       rows_ok = rows_ok && (want ? (w[r] & bit) != 0 : w[r] == 0);
     }
     if (!device_fact(rows_ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
-    expect(rows_ok, what + ": every row of the batch flagged, no other");
+    tally.device(rows_ok, what + ": every row of the batch flagged, no other");
     const auto after = c.device_state_bytes();
-    expect(c.same_state(after.data(), before.data()) && c.dk.download() == k_before && c.dv.download() == v_before,
-           what + ": nothing written");
+    tally.device(
+        c.same_state(after.data(), before.data()) && c.dk.download() == k_before && c.dv.download() == v_before,
+        what + ": nothing written");
   };
   // observe_queries (scores within rounding, so no host twin): the faulty
   // row flagged and untouched, the others observed.
@@ -305,14 +305,14 @@ int run_error_tests() {
     for (int b = 0; b < c.B; ++b)
       if (b != bad) ok = ok && w[c.map[b]] == 0 && c.peek(c.dst0.tracked, c.map[b]) == c.lengths[b];
     if (!device_fact(ok)) std::printf("  %s:%s\n", what.c_str(), status_text(w).c_str());
-    expect(ok, what + ": the faulty row flagged and untouched, the others observed");
+    tally.device(ok, what + ": the faulty row flagged and untouched, the others observed");
   };
   // A call the host refuses: invalid_argument naming `argument`, nothing launched.
   auto expect_throw = [&](fault_case& c, const std::string& what, const std::string& argument, auto&& call) {
     const auto before = c.device_state_bytes();
     tally.refuses(what, argument, call);
     const auto after = c.device_state_bytes();
-    expect(after == before, what + ": nothing launched");
+    tally.device(after == before, what + ": nothing launched");
   };
 
   {
@@ -320,11 +320,11 @@ int run_error_tests() {
     c.both(op::observe);
     const auto w = c.status();
     const auto dev = c.device_state_bytes();
-    expect(w == std::vector<std::uint32_t>(c.rows, 0u) && c.same_state(dev.data(), c.h_state.data()),
-           "a valid observe through state rows matches the host and flags nothing");
+    tally.device(w == std::vector<std::uint32_t>(c.rows, 0u) && c.same_state(dev.data(), c.h_state.data()),
+                 "a valid observe through state rows matches the host and flags nothing");
     c.both(op::compress);
-    expect(c.status() == std::vector<std::uint32_t>(c.rows, 0u) && c.same_kv() && c.d_new.download() == c.h_new,
-           "a valid compress matches the host");
+    tally.device(c.status() == std::vector<std::uint32_t>(c.rows, 0u) && c.same_kv() && c.d_new.download() == c.h_new,
+                 "a valid compress matches the host");
   }
 
   // Sequence data (observe_probabilities unless said).
@@ -424,9 +424,9 @@ int run_error_tests() {
     const std::int64_t step1 = c.peek(c.dst0.step, c.map[1]), step2 = c.peek(c.dst0.step, c.map[2]);
     CUDA_CHECK(in.call(c));
     const auto w = c.status();
-    expect(w == std::vector<std::uint32_t>(c.rows, 0u) && c.peek(c.dst0.tracked, c.map[1]) == c.lengths[1] &&
-               c.peek(c.dst0.step, c.map[1]) == step1 && c.peek(c.dst0.step, c.map[2]) == step2 + 1,
-           "ragged: an empty sequence is skipped, one without queries is admitted without a step");
+    tally.device(w == std::vector<std::uint32_t>(c.rows, 0u) && c.peek(c.dst0.tracked, c.map[1]) == c.lengths[1] &&
+                     c.peek(c.dst0.step, c.map[1]) == step1 && c.peek(c.dst0.step, c.map[2]) == step2 + 1,
+                 "ragged: an empty sequence is skipped, one without queries is admitted without a step");
   }
 
   // The whole batch.
@@ -482,19 +482,19 @@ int run_error_tests() {
     c.host_call(op::observe, 1);
     auto w = c.status();
     auto dev = c.device_state_bytes();
-    expect(w[c.map[1]] == sh::cuda::status_probability && w[c.map[0]] == 0 && w[c.map[2]] == 0 &&
-               c.same_state(dev.data(), c.h_state.data()),
-           "a flagged row stays skipped; the others match the host");
+    tally.device(w[c.map[1]] == sh::cuda::status_probability && w[c.map[0]] == 0 && w[c.map[2]] == 0 &&
+                     c.same_state(dev.data(), c.h_state.data()),
+                 "a flagged row stays skipped; the others match the host");
     sh::host::reset_sequence(c.hst0, c.map[1], 100);
     CUDA_CHECK(sh::cuda::reset_sequence(c.dst0, c.map[1], 100));
     c.both(op::observe);
     w = c.status();
     dev = c.device_state_bytes();
-    expect(w == std::vector<std::uint32_t>(c.rows, 0u) && c.same_state(dev.data(), c.h_state.data()),
-           "reset_sequence clears the row's word and the row proceeds");
+    tally.device(w == std::vector<std::uint32_t>(c.rows, 0u) && c.same_state(dev.data(), c.h_state.data()),
+                 "reset_sequence clears the row's word and the row proceeds");
     c.both(op::compress);
-    expect(c.status() == std::vector<std::uint32_t>(c.rows, 0u) && c.same_kv() && c.d_new.download() == c.h_new,
-           "compress after the recovery matches the host");
+    tally.device(c.status() == std::vector<std::uint32_t>(c.rows, 0u) && c.same_kv() && c.d_new.download() == c.h_new,
+                 "compress after the recovery matches the host");
   }
 
   {
@@ -662,21 +662,21 @@ int run_error_tests() {
       return std::make_pair(w, tracked);
     };
     auto [w, tracked] = run();
-    expect(w[0] == 0 && (w[1] & sh::cuda::status_page_table) != 0 && tracked[0] == 2 && tracked[1] == 0,
-           "paged: a page id outside the pool flags its sequence only");
+    tally.device(w[0] == 0 && (w[1] & sh::cuda::status_page_table) != 0 && tracked[0] == 2 && tracked[1] == 0,
+                 "paged: a page id outside the pool flags its sequence only");
     indices[2] = 2;
     std::tie(w, tracked) = run();
-    expect(w[0] == 0 && w[1] == 0 && tracked[0] == 2 && tracked[1] == 7, "paged: a valid table passes");
+    tally.device(w[0] == 0 && w[1] == 0 && tracked[0] == 2 && tracked[1] == 7, "paged: a valid table passes");
     last[1] = 0;
     std::tie(w, tracked) = run();
-    expect(w[0] == 0 && (w[1] & sh::cuda::status_page_table) != 0 && tracked[0] == 2 && tracked[1] == 0,
-           "paged: last_page_len 0 on a sequence with pages flags its sequence only");
+    tally.device(w[0] == 0 && (w[1] & sh::cuda::status_page_table) != 0 && tracked[0] == 2 && tracked[1] == 0,
+                 "paged: last_page_len 0 on a sequence with pages flags its sequence only");
     last[1] = 3;
     indptr = {1, 1, 3};
     std::tie(w, tracked) = run();
-    expect((w[0] & sh::cuda::status_page_table) != 0 && (w[1] & sh::cuda::status_page_table) != 0 &&
-               tracked[0] == 0 && tracked[1] == 0,
-           "paged: indptr[0] != 0 flags the whole batch");
+    tally.device((w[0] & sh::cuda::status_page_table) != 0 && (w[1] & sh::cuda::status_page_table) != 0 &&
+                     tracked[0] == 0 && tracked[1] == 0,
+                 "paged: indptr[0] != 0 flags the whole batch");
   }
 
   return tally.report();
@@ -688,7 +688,6 @@ int run_error_tests() {
 int run_shrink_tests(std::uint64_t seed, bool quick) {
   using namespace checks;
   check_tally tally{"shrink"};
-  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   std::mt19937_64 rng(seed ^ 0x5151);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
 
@@ -779,8 +778,8 @@ int run_shrink_tests(std::uint64_t seed, bool quick) {
                   r.released, r.status, n);
     passed += ok;
   }
-  expect(passed == tables, std::to_string(tables - passed) + " of " + std::to_string(tables) +
-                               " random tables differ from host::shrink_page_table");
+  tally.device(passed == tables, std::to_string(tables - passed) + " of " + std::to_string(tables) +
+                                     " random tables differ from host::shrink_page_table");
 
   // Data errors: nothing written, the reason in the result.
   auto refused = [&](const std::string& what, std::uint32_t bit, auto&& spoil, std::size_t released_size = 0) {
@@ -794,7 +793,7 @@ int run_shrink_tests(std::uint64_t seed, bool quick) {
     device_table dev(t);
     CUDA_CHECK(dev.run(t, released_size ? released_size : t.released.size()));
     const auto r = dev.outcome();
-    expect((r.status & bit) != 0 && r.released == 0 && dev.equals(t), what + ": refused, nothing written");
+    tally.device((r.status & bit) != 0 && r.released == 0 && dev.equals(t), what + ": refused, nothing written");
   };
   refused("indptr not starting at 0", sh::cuda::status_page_table, [](table& t) {
     for (auto& x : t.indptr) x += 1;

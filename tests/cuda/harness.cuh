@@ -87,9 +87,8 @@ inline void start(const char* binary, std::uint64_t seed, bool host_only) {
   // one is compiled for the same architectures).
   const bool programmatic =
       sh::cuda::detail::programmatic_launch(reinterpret_cast<const void*>(&sh::cuda::detail::compact_kernel<>));
-  const char* pdl = !sh::cuda::programmatic_launch_requested() ? "off"
-                    : programmatic                               ? "on"
-                                                                 : "requested, off here (sm < 90, or kernels from PTX below compute_90)";
+  const char* off_here = "requested, off here (sm < 90, or kernels from PTX below compute_90)";
+  const char* pdl = !sh::cuda::programmatic_launch_requested() ? "off" : programmatic ? "on" : off_here;
   std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n", device,
               prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed), pdl);
 }

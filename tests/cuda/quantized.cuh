@@ -417,17 +417,21 @@ struct params_fault {
     CUDA_CHECK(sh::cuda::observe_queries(policy, c.device_contiguous(), dst, dq));
     CUDA_CHECK(cudaDeviceSynchronize());
   }
-  // The host's refusal of the bad parameter (its message names it).
-  std::string host_refusal() {
+  // The host's refusal of the bad parameter: the argument it names and its
+  // message, both empty if the host accepts it.
+  struct refusal {
+    std::string argument, message;
+  };
+  refusal host_refusal() {
     const auto hq = sh::query_view<float, qhost>::dense({queries.data(), queries.size()}, QH, 1, D);
     aligned_bytes copy(sh::state_bytes(shape));
     std::memcpy(copy.data(), h_state.data(), sh::state_bytes(shape));
     try {
       sh::host::observe_queries(policy, c.host_contiguous(c.lengths), sh::make_state(copy.span(), shape), hq);
     } catch (const sh::invalid_argument& e) {
-      return e.what();
+      return {e.argument(), e.what()};
     }
-    return "";
+    return {};
   }
   // Parameter i of (b, h, t) of K (kind 0) or V, on both sides.
   void poke(int kind, int b, int h, int t, int i, float value) {
@@ -450,7 +454,6 @@ struct params_fault {
 
 inline int run_checks() {
   check_tally tally{"quantized_checks"};
-  auto expect = [&](bool ok, const std::string& what) { tally.device(ok, what); };
   auto words = [](const std::vector<std::uint32_t>& w) {
     std::string s;
     for (const std::uint32_t x : w) {
@@ -468,7 +471,7 @@ inline int run_checks() {
     params_fault<P> f(q);
     const int slot = t >= 0 ? t : f.c.lengths[bad] + t;
     f.poke(kind, bad, 1, slot, i, value);
-    const std::string refusal = f.host_refusal();
+    const auto refusal = f.host_refusal();
     f.device_snapshot();
     aligned_bytes before(sh::state_bytes(f.shape));
     std::memcpy(before.data(), f.d_snap.data(), sh::state_bytes(f.shape));
@@ -477,13 +480,13 @@ inline int run_checks() {
     bool flags = true;
     for (int b = 0; b < f.B; ++b)
       flags = flags && (read && b == bad ? w[b] == sh::cuda::status_k_params : w[b] == 0);
-    expect(flags, what + ": status words" + words(w));
+    tally.device(flags, what + ": status words" + words(w));
     if (!read) {
-      tally.host(refusal.empty(), what + ": the host accepts it too (got \"" + refusal + "\")");
+      tally.host(refusal.message.empty(), what + ": the host accepts it too (got \"" + refusal.message + "\")");
       return;
     }
-    tally.host(refusal.find("cache.k_params") != std::string::npos,
-           what + ": the host refuses naming cache.k_params (got \"" + refusal + "\")");
+    tally.host(refusal.argument == "cache.k_params",
+               what + ": the host refuses naming cache.k_params (got \"" + refusal.message + "\")");
     // The faulty row untouched, the others the host's (within rounding).
     const auto after = f.device_snapshot();
     mismatch_log log;
@@ -494,7 +497,7 @@ inline int run_checks() {
       if (b != bad) others.push_back({b, f.c.lengths[b]});
     const bool exact = !P::observation::needs_attention;
     differential::compare_state("other rows", f.hst, after, others, {exact, P::observation::binary}, exact, log);
-    expect(log.ok(), what + ": the faulty row untouched, the others the host's\n" + log.text.str());
+    tally.device(log.ok(), what + ": the faulty row untouched, the others the host's\n" + log.text.str());
   };
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const sh::kv_quantization int8{sh::quant_kind::int8, 8}, int4{sh::quant_kind::int4, 8};
