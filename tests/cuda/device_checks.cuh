@@ -627,6 +627,30 @@ int run_error_tests() {
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D));
     });
+    // Grid dimensions y and z are 16-bit: one past the limit, in a cache of
+    // one slot per (sequence, head) so the buffers stay a few MB.
+    const int wide = sh::cuda::detail::max_grid_yz + 1;
+    {
+      device_buffer<float> wk(std::size_t(wide) * c.H * c.D), wv(wk.size());
+      device_buffer<std::int32_t> w_len(wide), w_rows(wide);
+      expect_throw(c, "cache.batch one above the grid's 65,535", "cache.batch", [&] {
+        const auto view =
+            sh::make_kv_view(wk.span(), wv.span(), sh::device_span<const std::int32_t>(w_len.data(), wide), wide, c.H,
+                             c.D, 1, sh::named_layout::nhd);
+        return sh::cuda::admit(c.policy, view,
+                               c.dst0.for_batch(sh::device_span<const std::int32_t>(w_rows.data(), wide)));
+      });
+    }
+    {
+      device_buffer<float> wk(std::size_t(wide) * c.D), wv(wk.size());
+      const sh::state_shape shape{1, wide, 1, c.policy.ring_words()};
+      device_buffer<std::byte> w_state(sh::state_bytes(shape));
+      expect_throw(c, "cache.kv_heads one above the grid's 65,535", "cache.kv_heads", [&] {
+        const auto view = sh::make_kv_view(wk.span(), wv.span(), sh::device_span<const std::int32_t>(c.d_len.data(), 1),
+                                           1, wide, c.D, 1, sh::named_layout::nhd);
+        return sh::cuda::admit(c.policy, view, sh::make_state(w_state.span(), shape));
+      });
+    }
   }
 
   {
