@@ -6,8 +6,13 @@
 # over a shared page table, the zero-allocation check), the C++17 /
 # -fno-exceptions bridge consumer (tests/cxx17) and the README's code
 # (tests/readme). Every report aborts its test (-fno-sanitize-recover=all,
-# abort_on_error), so any report fails CI. CUDA, llama, install test,
-# benchmarks and examples are left out: they add no host code paths.
+# abort_on_error), so any report fails CI. Llama, install test, benchmarks
+# and examples are left out: they add no host code paths.
+# Then the two CUDA test binaries, built by nvcc with the same sanitizers on
+# their host code (in build-asan-cuda, one architecture: no device code
+# runs), run with --host-only: the CUDA API's argument checks and the host
+# reference of every configuration (CTest's *.host_only entries). Without
+# nvcc that part reports NOT RUN; SCISSORHANDS_ASAN_CUDA=0 skips it.
 # SCISSORHANDS_ASAN_BUILD_DIR sets the build directory (default build-asan);
 # SCISSORHANDS_ASAN_SKIP_DIRS the folders left out (default cuda;llama;install,
 # for a partial run by hand, e.g. "host;cuda;llama;install;engine;cxx17;readme"
@@ -18,11 +23,30 @@ build=${SCISSORHANDS_ASAN_BUILD_DIR:-build-asan}
 jobs=${SCISSORHANDS_JOBS:-$(nproc)}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+sanitize="-fsanitize=address -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+  -DCMAKE_CXX_FLAGS="-O1 -g $sanitize" \
   -DSCISSORHANDS_ENABLE_CUDA=OFF -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
   -DSCISSORHANDS_SKIP_DIRS="${SCISSORHANDS_ASAN_SKIP_DIRS:-cuda;llama;install}" "${launcher[@]}" >/dev/null
 cmake --build "$build" -j "$jobs"
 export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+
+[ "${SCISSORHANDS_ASAN_CUDA:-1}" = 1 ] || exit 0
+# nvcc splits -Xcompiler values at commas, so one flag per -Xcompiler; the
+# CUDA executables link through g++, which needs the runtimes too.
+cuda_build=${SCISSORHANDS_ASAN_CUDA_BUILD_DIR:-build-asan-cuda}
+cuda_flags="-O1 -g"
+for f in $sanitize; do cuda_flags+=" -Xcompiler=$f"; done
+cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-O1 -g $sanitize" \
+  -DCMAKE_CUDA_FLAGS="$cuda_flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
+  -DSCISSORHANDS_SKIP_DIRS="host;fuzz;static;engine;cxx17;readme;llama;install" \
+  "${launcher[@]}" ${launcher:+-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache} >/dev/null
+if ! ctest --test-dir "$cuda_build" -N -R 'host_only$' | grep -q 'host_only'; then
+  echo "NOT RUN: the CUDA host-only tests under ASan + UBSan (no CUDA compiler found)"
+  exit 0
+fi
+cmake --build "$cuda_build" -j "$jobs"
+ctest --test-dir "$cuda_build" --output-on-failure -j "$jobs" -R 'host_only$'
