@@ -29,6 +29,22 @@
 //                          and 32, B = 2048): the order-preserving shift
 //                          (also what compact and forget run), with the
 //                          rows it shifted counted.
+//   compress_shared_heads  compress with a shared_heads policy (every head
+//                          of a sequence evicts the same slots, whole pages
+//                          free) on the paged view (batch 1 and 32,
+//                          B = 2048): selection by select_shared_kernel.
+//   select_model           select with a shared_layers policy over a model
+//                          of 32 layers (each the layer's state) on the
+//                          paged view: the once-per-m-steps choice a paged
+//                          engine makes for the whole model.
+//   select_model_split     the same selection as local_scores (a grid over
+//                          chunks, layers and sequences) then select from
+//                          those scores: the tensor-parallel path on one
+//                          rank, chosen bit for bit as select_model does.
+//   compact                compact of one layer with select_model's
+//                          selection: what an engine then calls per layer
+//                          (select_model + 32 x compact is a model's
+//                          token-level eviction).
 //   launch_pair            an empty first kernel that lets the second start
 //                          (griddepcontrol.launch_dependents) and an empty
 //                          second that waits for it, 256 blocks of 256
@@ -211,6 +227,9 @@ struct layer {
     state = sh::make_state(sh::device_span<std::byte>(state_buf->p, state_size), shape)
                 .for_batch(sh::device_span<const std::int32_t>(rows.p, rows.n));
     const auto clean = sh::make_state(sh::device_span<std::byte>(pristine->p, state_size), shape);
+    // cudaMalloc's memory may be an earlier benchmark's: the words
+    // fill_state leaves alone (status, the observe ticket) start at 0.
+    CHECK(sh::cuda::reset_state(clean, stream));
     fill_state<<<fill_blocks, fill_threads, 0, stream>>>(clean, budget, policy.config.window);
     CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream));
     CHECK(sh::cuda::compress(nullptr, workspace_bytes, policy, view(), state, budget, {}, stream));
@@ -423,26 +442,34 @@ double ordered_bytes(const layer& l, int m, double& shifted) {
 }
 
 // compress on the contiguous cache (Paged: the same K and V as a paged
-// cache), fill_holes or (ordered) preserve_order.
-template <bool Paged, bool Ordered = false>
+// cache), fill_holes or (ordered) preserve_order; per head, or with another
+// granularity (shared_heads: every head of a sequence evicts the same
+// slots, so a paged engine frees whole pages).
+template <bool Paged, bool Ordered = false, class Granularity = sh::per_head>
 void bm_compress(benchmark::State& s, int batch, int budget, int m) {
+  using policy_t = std::conditional_t<std::is_same_v<Granularity, sh::per_head>, sh::scissorhands_policy,
+                                      sh::with_granularity<sh::scissorhands_policy, Granularity>>;
   layer l(batch, budget);
-  l.policy.config.evict_count = m;
-  if constexpr (Ordered) l.policy.config.compaction_mode = sh::compaction::preserve_order;
+  policy_t policy;
+  policy.config = l.policy.config;
+  policy.config.evict_count = m;
+  if constexpr (Ordered) policy.config.compaction_mode = sh::compaction::preserve_order;
   const auto view = [&] {
     if constexpr (Paged) return l.paged_view();
     else return l.view();
   }();
   // m (and a paged cache's listing counts) change the workspace size.
-  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, l.policy, view, l.state, budget, {}, l.stream));
+  CHECK(sh::cuda::compress(nullptr, l.workspace_bytes, policy, view, l.state, budget, {}, l.stream));
   l.workspace = std::make_unique<device_array<std::byte>>(l.workspace_bytes);
   device_array<std::int32_t> freed(Paged ? static_cast<std::size_t>(batch) : 0);
   const sh::compress_output<sh::memory_space::device> out{
       sh::device_span<std::int32_t>(l.new_lengths.p, l.new_lengths.n),
       Paged ? sh::device_span<std::int32_t>(freed.p, freed.n) : sh::device_span<std::int32_t>{}};
-  const double t = time_calls(s, l.stream, [&] { l.restore(); }, [&] {
-    CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, l.policy, view, l.state, budget, out, l.stream));
-  });
+  const double t = time_calls(
+      s, l.stream, [&] { l.restore(); },
+      [&] {
+        CHECK(sh::cuda::compress(l.workspace->p, l.workspace_bytes, policy, view, l.state, budget, out, l.stream));
+      });
   l.require_ok(s);
   if constexpr (Ordered) {
     double shifted = 0.0;
@@ -475,6 +502,120 @@ void bm_compress_select(benchmark::State& s, int batch, int budget, int m) {
   });
   l.require_ok(s);
   report(s, l, l.tokens() * 12.0, t);
+}
+
+// Token-level eviction across the model, as a paged engine frees pages:
+// select over model_layers layers with a shared_layers policy (every layer
+// and head of a sequence evicts the same slots) on the paged view, and
+// compact, which an engine then calls once per layer with that selection.
+// Every layer's state is the layer's pristine state (identical layers: the
+// selection does the work it does on distinct ones). Bytes: select reads
+// each token's position, score and observed count in every layer and head
+// (an upper bound: the positions of one head may be all it needs of them);
+// compact moves as compress does.
+constexpr int model_layers = 32;  // Llama-3-8B
+using layers_policy = sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<>>;
+struct model_selection {
+  layers_policy policy;
+  sh::device_paged_kv_view<T> view;
+  std::int32_t stride;
+  device_array<std::byte> model_buf;
+  device_array<std::int32_t> counts, slots, new_lengths, freed;
+  sh::model_state<sh::memory_space::device> model;
+  sh::eviction_selection<sh::memory_space::device> selection;
+  std::unique_ptr<device_array<std::byte>> workspace;
+  std::size_t workspace_bytes = 0;
+  model_selection(layer& l, int m)
+      : view(l.paged_view()),
+        stride(sh::max_evictions(l.state.shape.capacity, l.budget, m)),
+        model_buf(l.state_size * model_layers),
+        counts(l.batch),
+        slots(static_cast<std::size_t>(l.batch) * stride),
+        new_lengths(l.batch),
+        freed(l.batch) {
+    policy.config = l.policy.config;
+    policy.config.evict_count = m;
+    for (int i = 0; i < model_layers; ++i)
+      CHECK(cudaMemcpyAsync(model_buf.p + l.state_size * i, l.pristine->p, l.state_size, cudaMemcpyDeviceToDevice,
+                            l.stream));
+    model = sh::make_model_state(sh::device_span<std::byte>(model_buf.p, model_buf.n), l.state.shape, model_layers)
+                .for_batch(l.state.state_rows);
+    selection.stride = stride;
+    selection.counts = {counts.p, counts.n};
+    selection.slots = {slots.p, slots.n};
+    selection.out = {{new_lengths.p, new_lengths.n}, {freed.p, freed.n}};
+    CHECK(sh::cuda::select(nullptr, workspace_bytes, policy, view, model, l.budget, selection, {}, l.stream));
+    workspace = std::make_unique<device_array<std::byte>>(workspace_bytes);
+  }
+  cudaError_t select(const layer& l) {
+    return sh::cuda::select(workspace->p, workspace_bytes, policy, view, model, l.budget, selection, {}, l.stream);
+  }
+  // Any status word of any layer set: the benchmark's error.
+  void require_ok(benchmark::State& s, const layer& l) {
+    std::vector<std::uint32_t> w(static_cast<std::size_t>(l.state.shape.rows));
+    std::uint32_t any = 0;
+    CHECK(cudaStreamSynchronize(l.stream));
+    for (int i = 0; i < model_layers; ++i) {
+      CHECK(cudaMemcpy(w.data(), model.layer(i).status, sizeof(std::uint32_t) * w.size(), cudaMemcpyDeviceToHost));
+      for (auto x : w) any |= x;
+    }
+    if (any != 0) s.SkipWithError(("status words: " + sh::cuda::describe_status(any)).c_str());
+  }
+};
+
+// Split: the same selection in two calls, local_scores (a grid over chunks,
+// layers and sequences writes each layer's head-reduced scores) then
+// select from those scores, the tensor-parallel path on one rank; select
+// alone runs one block per sequence over every layer and head. Bytes of
+// the split add the partial scores written and read (4 per slot a layer).
+template <bool Split>
+void bm_select_model(benchmark::State& s, int batch, int budget, int m) {
+  layer l(batch, budget);
+  model_selection sel(l, m);
+  const std::int32_t capacity = l.state.shape.capacity;
+  device_array<float> partial(Split ? sh::partial_score_count(model_layers, batch, capacity) : 0);
+  const sh::partial_scores<sh::memory_space::device> reduced{
+      {partial.p, partial.n}, model_layers, batch, capacity, kv_heads};
+  // select writes no state (status words only on a fault): nothing to restore.
+  const double t = time_calls(
+      s, l.stream, [] {},
+      [&] {
+        if constexpr (Split) {
+          CHECK(sh::cuda::local_scores(sel.policy, sel.view, sel.model, budget, reduced, l.stream));
+          CHECK(sh::cuda::select(sel.workspace->p, sel.workspace_bytes, sel.policy, sel.view, sel.model, budget,
+                                 reduced, sel.selection, {}, l.stream));
+        } else {
+          CHECK(sel.select(l));
+        }
+      });
+  sel.require_ok(s, l);
+  const double partial_bytes = Split ? 2.0 * 4.0 * model_layers * batch * capacity : 0.0;
+  report(s, l, l.tokens() * 12.0 * model_layers + partial_bytes, t);
+  s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
+}
+
+// compact of layer 0 with select's selection (made once, untimed); the
+// layer's state restored before each call (untimed).
+void bm_compact(benchmark::State& s, int batch, int budget, int m) {
+  layer l(batch, budget);
+  model_selection sel(l, m);
+  CHECK(sel.select(l));
+  std::size_t bytes = 0;
+  CHECK(sh::cuda::compact(nullptr, bytes, sel.policy, sel.view, sel.model.layer(0), sel.selection, l.stream));
+  device_array<std::byte> workspace(bytes);
+  const auto restore = [&] {
+    CHECK(cudaMemcpyAsync(sel.model_buf.p, l.pristine->p, l.state_size, cudaMemcpyDeviceToDevice, l.stream));
+  };
+  const double t = time_calls(s, l.stream, restore, [&] {
+    CHECK(sh::cuda::compact(workspace.p, bytes, sel.policy, sel.view, sel.model.layer(0), sel.selection, l.stream));
+  });
+  sel.require_ok(s, l);
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(batch));
+  CHECK(cudaMemcpy(counts.data(), sel.counts.p, sizeof(std::int32_t) * counts.size(), cudaMemcpyDeviceToHost));
+  if (std::any_of(counts.begin(), counts.end(), [&](std::int32_t c) { return c != m; }))
+    s.SkipWithError("select did not evict m tokens from every sequence");
+  report(s, l, compress_bytes(l, m) - l.tokens() * 12.0, t);
+  s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
 }
 
 // Two empty kernels in stream order, the second depending on the first
@@ -643,6 +784,13 @@ int main(int argc, char** argv) {
                                              budget, m));
           setup(benchmark::RegisterBenchmark(("compress_ordered" + with_m).c_str(), bm_compress<false, true>, batch,
                                              budget, m));
+          setup(benchmark::RegisterBenchmark(("compress_shared_heads" + with_m).c_str(),
+                                             bm_compress<true, false, sh::shared_heads<>>, batch, budget, m));
+          setup(benchmark::RegisterBenchmark(("select_model" + with_m).c_str(), bm_select_model<false>, batch, budget,
+                                             m));
+          setup(benchmark::RegisterBenchmark(("select_model_split" + with_m).c_str(), bm_select_model<true>, batch,
+                                             budget, m));
+          setup(benchmark::RegisterBenchmark(("compact" + with_m).c_str(), bm_compact, batch, budget, m));
         }
       }
       setup(benchmark::RegisterBenchmark(("shrink_page_table" + shape).c_str(), bm_shrink_page_table, batch, budget));
