@@ -91,13 +91,18 @@
 //   frac_floor    call time / floor (target, compress m = 1: < 0.10);
 //   frac_floor_per_step  compress: call time / m / floor (target, m = 128
 //                 at B = 2048: < 0.02).
-// Without a CUDA device the binary prints why and exits 77.
+// Without a CUDA device the binary prints why and exits 77. With
+// --host-only (CTest: cuda.bench.host_only, in every CI run) it runs each
+// benchmark once with no device: host memory for the arrays, CUDA errors
+// ignored, nothing timed; what it checks is that the library accepts every
+// benchmark's arguments, so the first GPU run does not end on a refusal.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,8 +117,14 @@ namespace sh = scissorhands;
 using T = __nv_bfloat16;
 constexpr int kv_heads = 8, q_heads = 32, head_dim = 128;
 
+// --host-only: no device (CUDA_VISIBLE_DEVICES emptied); "device" arrays
+// are host memory, every CUDA error is expected and ignored, and each
+// benchmark runs once, so what runs is the library's host side: every
+// call's argument checks, which throw (and end the run) on a refusal.
+bool g_host_only = false;
+
 void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
+  if (err != cudaSuccess && !g_host_only) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
     std::exit(1);
   }
@@ -124,8 +135,19 @@ template <class X>
 struct device_array {
   X* p = nullptr;
   std::size_t n = 0;
-  explicit device_array(std::size_t count) : n(count) { CHECK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(X))); }
-  ~device_array() { cudaFree(p); }
+  explicit device_array(std::size_t count) : n(count) {
+    const std::size_t bytes = std::max<std::size_t>(1, n) * sizeof(X);
+    if (g_host_only)  // never read on the host: its pages are never touched
+      p = static_cast<X*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
+    else
+      CHECK(cudaMalloc(&p, bytes));
+  }
+  ~device_array() {
+    if (g_host_only)
+      std::free(p);
+    else
+      cudaFree(p);
+  }
   device_array(const device_array&) = delete;
   device_array& operator=(const device_array&) = delete;
 };
@@ -189,7 +211,7 @@ struct layer {
   std::unique_ptr<device_array<std::byte>> state_buf, pristine, workspace;
   sh::eviction_state<sh::memory_space::device> state;  // seen through `rows`
   std::size_t state_size = 0, workspace_bytes = 0;
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
 
   // state_slots > 0: the cache and the state sized for sequences of that
   // many slots (a state sized for the longest prompt), the sequences still
@@ -300,7 +322,7 @@ int g_iterations = 200;  // SCISSORHANDS_BENCH_ITERATIONS overrides
 // Returns the mean seconds per call.
 template <class Prepare, class Call>
 double time_calls(benchmark::State& s, cudaStream_t stream, Prepare&& prepare, Call&& call) {
-  cudaEvent_t start, stop;
+  cudaEvent_t start = nullptr, stop = nullptr;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   double total = 0.0;
@@ -327,7 +349,7 @@ double time_calls(benchmark::State& s, cudaStream_t stream, Prepare&& prepare, C
 // Mean seconds per call of `calls` back-to-back calls (no gap between them).
 template <class Call>
 double time_back_to_back(cudaStream_t stream, int calls, Call&& call) {
-  cudaEvent_t start, stop;
+  cudaEvent_t start = nullptr, stop = nullptr;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   // ~60 us of spin per call: every launch is enqueued before the first runs.
@@ -420,6 +442,8 @@ double ordered_bytes(const layer& l, int m, double& shifted) {
   const std::size_t rounded = (l.state_size + 255) / 256 * 256;
   std::unique_ptr<std::byte, free_deleter> before(static_cast<std::byte*>(std::aligned_alloc(256, rounded))),
       after(static_cast<std::byte*>(std::aligned_alloc(256, rounded)));
+  std::memset(before.get(), 0, rounded);
+  std::memset(after.get(), 0, rounded);
   CHECK(cudaMemcpy(before.get(), l.pristine->p, l.state_size, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(after.get(), l.state_buf->p, l.state_size, cudaMemcpyDeviceToHost));
   const auto b0 = sh::make_state(sh::host_span<std::byte>(before.get(), l.state_size), l.state.shape);
@@ -612,7 +636,7 @@ void bm_compact(benchmark::State& s, int batch, int budget, int m) {
   sel.require_ok(s, l);
   std::vector<std::int32_t> counts(static_cast<std::size_t>(batch));
   CHECK(cudaMemcpy(counts.data(), sel.counts.p, sizeof(std::int32_t) * counts.size(), cudaMemcpyDeviceToHost));
-  if (std::any_of(counts.begin(), counts.end(), [&](std::int32_t c) { return c != m; }))
+  if (!g_host_only && std::any_of(counts.begin(), counts.end(), [&](std::int32_t c) { return c != m; }))
     s.SkipWithError("select did not evict m tokens from every sequence");
   report(s, l, compress_bytes(l, m) - l.tokens() * 12.0, t);
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
@@ -642,7 +666,7 @@ void bm_launch_pair(benchmark::State& s, pair_mode mode) {
     }
     return;
   }
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const double t = time_calls(s, stream, [] {}, [&] {
     pair_first<<<blocks, threads, 0, stream>>>(words.p);
@@ -677,7 +701,7 @@ void bm_shrink_page_table(benchmark::State& s, int batch, int budget) {
   up(p_indices, indices);
   up(p_last, last);
   up(d_new, new_lengths);
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto restore = [&] {
     CHECK(cudaMemcpyAsync(d_indptr.p, p_indptr.p, sizeof(std::int32_t) * indptr.size(), cudaMemcpyDeviceToDevice, stream));
@@ -690,7 +714,7 @@ void bm_shrink_page_table(benchmark::State& s, int batch, int budget) {
                                       sh::device_span<const std::int32_t>(d_new.p, d_new.n),
                                       {d_released.p, d_released.n}, d_result.p, stream));
   });
-  sh::cuda::shrink_result r;
+  sh::cuda::shrink_result r{};
   CHECK(cudaMemcpy(&r, d_result.p, sizeof r, cudaMemcpyDeviceToHost));
   if (r.status != 0) s.SkipWithError(("shrink_page_table: " + sh::cuda::describe_status(r.status)).c_str());
   const double bytes = 8.0 * indices.size() + 4.0 * (indptr.size() + 2.0 * batch);
@@ -704,7 +728,7 @@ double measure_copy_bandwidth() {
   const std::size_t bytes = std::size_t{512} << 20;
   device_array<std::byte> a(bytes), b(bytes);
   CHECK(cudaMemset(a.p, 1, bytes));
-  cudaEvent_t start, stop;
+  cudaEvent_t start = nullptr, stop = nullptr;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   std::vector<float> times;
@@ -726,8 +750,24 @@ double measure_copy_bandwidth() {
 
 int main(int argc, char** argv) {
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--host-only") {
+      g_host_only = true;
+      std::copy(argv + i + 1, argv + argc, argv + i);  // not a Google Benchmark flag
+      --argc;
+      break;
+    }
+  if (g_host_only) {
+    ::setenv("CUDA_VISIBLE_DEVICES", "", 1);  // before the runtime's first call reads it
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+      std::fprintf(stderr, "%s --host-only: %d CUDA device(s) still visible: refusing to run\n", argv[0], count);
+      return 2;
+    }
+    std::printf("%s: host-only run: every benchmark's calls once, for the library's argument checks (no timing)\n",
+                argv[0]);
+  }
+  const cudaError_t err = g_host_only ? cudaSuccess : cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || (count == 0 && !g_host_only)) {
     std::printf("%s: no CUDA device (%s): skipping\n", argv[0], err != cudaSuccess ? cudaGetErrorString(err) : "none found");
     return 77;
   }
@@ -737,9 +777,10 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   g_spin_cycles = static_cast<long long>(clock_khz) * 30 / 1000;  // ~30 us
   if (const char* it = std::getenv("SCISSORHANDS_BENCH_ITERATIONS")) g_iterations = std::max(1, std::atoi(it));
-  g_copy_bandwidth = measure_copy_bandwidth();
+  if (g_host_only) g_iterations = 1;
+  g_copy_bandwidth = g_host_only ? 1.0 : measure_copy_bandwidth();  // host-only: the counters mean nothing
   const char* warm = std::getenv("SCISSORHANDS_BENCH_WARM");
-  if (!(warm && std::string(warm) == "1")) {
+  if (!g_host_only && !(warm && std::string(warm) == "1")) {
     g_flush_bytes = 2 * static_cast<std::size_t>(std::max(prop.l2CacheSize, 1 << 20));
     CHECK(cudaMalloc(&g_flush, g_flush_bytes));
   }

@@ -8,11 +8,12 @@
 # (tests/readme). Every report aborts its test (-fno-sanitize-recover=all,
 # abort_on_error), so any report fails CI. Llama, install test, benchmarks
 # and examples are left out: they add no host code paths.
-# Then the two CUDA test binaries, built by nvcc with the same sanitizers on
-# their host code (in build-asan-cuda, one architecture: no device code
-# runs), run with --host-only: the CUDA API's argument checks and the host
-# reference of every configuration (CTest's *.host_only entries). Without
-# nvcc that part reports NOT RUN; SCISSORHANDS_ASAN_CUDA=0 skips it.
+# Then the two CUDA test binaries and the CUDA benchmark, built by nvcc
+# with the same sanitizers on their host code (in build-asan-cuda, one
+# architecture: no device code runs), run with --host-only: the CUDA API's
+# argument checks, the host reference of every configuration and every
+# benchmark's calls (CTest's *.host_only entries). Without nvcc that part
+# reports NOT RUN; SCISSORHANDS_ASAN_CUDA=0 skips it.
 # SCISSORHANDS_ASAN_BUILD_DIR sets the build directory (default build-asan);
 # SCISSORHANDS_ASAN_SKIP_DIRS the folders left out (default cuda;llama;install,
 # for a partial run by hand, e.g. "host;cuda;llama;install;engine;cxx17;readme"
@@ -41,10 +42,12 @@ cuda_flags="-O1 -g"
 for f in $sanitize; do cuda_flags+=" -Xcompiler=$f"; done
 cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-O1 -g $sanitize" \
   -DCMAKE_CUDA_FLAGS="$cuda_flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DSCISSORHANDS_BUILD_BENCHMARKS=ON -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
   -DSCISSORHANDS_SKIP_DIRS="host;fuzz;static;engine;cxx17;readme;llama;install" \
   "${launcher[@]}" ${launcher:+-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache} >/dev/null
-if ! ctest --test-dir "$cuda_build" -N -R 'host_only$' | grep -q 'host_only'; then
+# (Listed first: grep -q closing the pipe early would fail it under pipefail.)
+listed=$(ctest --test-dir "$cuda_build" -N -R 'host_only$')
+if ! grep -q 'host_only' <<<"$listed"; then
   echo "NOT RUN: the CUDA host-only tests under ASan + UBSan (no CUDA compiler found)"
   exit 0
 fi
