@@ -68,16 +68,42 @@ __device__ inline float combined_score(const settings& cfg, const model_state<me
   const std::int32_t divisor = from_reduced ? reduced.kv_heads : heads;
   float layer_acc = 0.0f, combined = 0.0f;
   if constexpr (over_layers) layer_acc = Granularity::layer_reduction::identity();
+  // Unpooled (pool_width 1, the default), a group of heads' position, score
+  // and observed count are all loaded before the first is used: a slot
+  // then waits on one DRAM latency per group in each layer, not one per
+  // head (the division between heads kept each head's loads behind the
+  // previous head's use). The same operations in the same order.
+  constexpr std::int32_t group = 8;
+  const bool unpooled = cfg.pool_width <= 1;
   for (std::int32_t l = 0; l < model.layers; ++l) {
     const eviction_state<memory_space::device> s = model.layer(l);
     float head_acc = Heads::identity();
-    for (std::int32_t h = 0; h < heads; ++h) {
-      const std::int64_t i = s.row_index(r, h, t);
-      if (s.positions[i] != position) mismatch = true;
-      if (from_reduced) continue;
-      const std::int64_t row = s.row_index(r, h, 0);
-      head_acc = Heads::combine(head_acc, scissorhands::detail::pooled_eviction_score(
-                                              s.scores + row, s.observed + row, t, length, cfg, HighestFirst));
+    for (std::int32_t h0 = 0; h0 < heads; h0 += group) {
+      const std::int32_t n = heads - h0 < group ? heads - h0 : group;
+      std::int32_t positions[group];
+      float scores[group], observed[group];
+#pragma unroll
+      for (std::int32_t k = 0; k < group; ++k)
+        if (k < n) {
+          const std::int64_t i = s.row_index(r, h0 + k, t);
+          positions[k] = s.positions[i];
+          if (!from_reduced && unpooled) {
+            scores[k] = s.scores[i];
+            observed[k] = s.observed[i];
+          }
+        }
+#pragma unroll
+      for (std::int32_t k = 0; k < group; ++k)
+        if (k < n) {
+          if (positions[k] != position) mismatch = true;
+          if (from_reduced) continue;
+          const std::int64_t row = s.row_index(r, h0 + k, 0);
+          const float v =
+              unpooled ? scissorhands::detail::eviction_score(scores[k], observed[k], cfg, HighestFirst)
+                       : scissorhands::detail::pooled_eviction_score(s.scores + row, s.observed + row, t, length, cfg,
+                                                                     HighestFirst);
+          head_acc = Heads::combine(head_acc, v);
+        }
     }
     if (from_reduced) head_acc = reduced.row(l, b)[t];
     if constexpr (over_layers)
