@@ -35,10 +35,21 @@
 //                 captured in a CUDA graph. tensor_parallel_multi_gpu (only when
 //                 named in --only) puts rank k on device k % count and exits
 //                 77 below two devices.
+//   combined_score
+//                 select_shared_kernel's per-slot score
+//                 (cuda::detail::combined_score, host and device code)
+//                 called on the host over host memory, against the host
+//                 backend's combine_slot_scores / combine_reduced_scores bit
+//                 for bit: head counts on both sides of its 8-head load
+//                 groups, pooled and not, normalised or not, NaN scores and
+//                 zero counts, from the state and from reduced scores, and
+//                 a head holding another token (mismatch). Runs for real
+//                 with --host-only.
 //
 // Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
 //                                           [--only differential,errors,graph,tensor_parallel,
-//                                                   tensor_parallel_multi_gpu] [--quick] [--long N]
+//                                                   tensor_parallel_multi_gpu,combined_score] [--quick]
+//                                           [--long N]
 //                                           [--host-only]
 // --long N makes the first N configurations long sequences (> 4096 slots:
 // selection beyond the shared-memory tile), --quick or not. --host-only
@@ -1399,6 +1410,98 @@ int run_graph_test() {
 }
 
 // ---------------------------------------------------------------------------
+// select_shared_kernel's per-slot score, cuda::detail::combined_score (a
+// host and device function), called on the host over host memory and
+// compared bit for bit (NaN with NaN) with the host backend's
+// combine_slot_scores, and from reduced scores with combine_reduced_scores.
+// Not a device result: it runs in host-only runs too.
+template <class Policy>
+void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, int heads, int pool, bool normalize,
+                          bool from_reduced) {
+  using G = typename Policy::granularity;
+  constexpr bool highest = sh::evicts_highest<typename Policy::observation>;
+  constexpr bool over_layers = G::kind == sh::granularity_kind::shared_layers;
+  if (!over_layers) layers = 1;
+  Policy policy;
+  policy.config.pool_width = pool;
+  policy.config.normalize = normalize;
+  const int rows = 2, r = 1, b = 0, cap = 40, len = 37;
+  const sh::state_shape shape{rows, heads, cap, policy.ring_words()};
+  aligned_bytes buf(sh::model_state_bytes(shape, layers));
+  const auto host_model = sh::make_model_state(sh::host_span<std::byte>(buf.data(), buf.n), shape, layers);
+  // The same bytes typed as the device's: combined_score reads them on the host.
+  const auto as_device = sh::make_model_state(sh::span<std::byte, device_space>(buf.data(), buf.n), shape, layers);
+  std::uniform_real_distribution<float> u(-1.0f, 3.0f);
+  std::uniform_int_distribution<int> counts(0, 400), one_in(0, 49);
+  for (int l = 0; l < layers; ++l) {
+    const auto st = host_model.layer(l);
+    for (int h = 0; h < heads; ++h)
+      for (int t = 0; t < cap; ++t) {
+        const std::int64_t i = st.row_index(r, h, t);
+        st.positions[i] = t;
+        const int pick = one_in(rng);
+        st.scores[i] = pick == 0 ? std::numeric_limits<float>::quiet_NaN() : pick == 1 ? 0.0f : u(rng);
+        st.observed[i] = one_in(rng) < 5 ? 0.0f : static_cast<float>(counts(rng));
+      }
+  }
+  // A head of the last layer holding another token at slot 5.
+  const int odd_slot = 5;
+  host_model.layer(layers - 1).positions[host_model.layer(layers - 1).row_index(r, heads - 1, odd_slot)] = 1000;
+  std::vector<float> partial_values, head_acc(cap), layer_acc(cap);
+  sh::partial_scores<device_space> reduced{};
+  const sh::host::detail::eviction_scratch scratch{nullptr, head_acc.data(), layer_acc.data(), nullptr};
+  if constexpr (over_layers) {
+    if (from_reduced) {
+      partial_values.assign(sh::partial_score_count(layers, 1, cap), 0.0f);
+      sh::partial_scores<host_space> host_reduced{
+          {partial_values.data(), partial_values.size()}, layers, 1, cap, heads};
+      for (int l = 0; l < layers; ++l)
+        sh::host::detail::head_partial(policy, host_model.layer(l), r, len, host_reduced.row(l, b));
+      sh::host::detail::combine_reduced_scores<Policy>(host_reduced, b, len, scratch);
+      reduced = {{partial_values.data(), partial_values.size()}, layers, 1, cap, heads};
+    }
+  }
+  if (!from_reduced) sh::host::detail::combine_slot_scores(policy, host_model, r, len, scratch);
+  int wrong = 0;
+  bool mismatch_right = true;
+  std::string first;
+  for (int t = 0; t < len; ++t) {
+    bool mismatch = false;
+    const float got =
+        sh::cuda::detail::combined_score<G, highest>(policy.config, as_device, reduced, b, r, t, len, t, mismatch);
+    const float want = layer_acc[t];
+    const bool same = (got != got && want != want) || std::memcmp(&got, &want, sizeof got) == 0;
+    if (!same && wrong++ == 0)
+      first = "slot " + std::to_string(t) + ": " + std::to_string(got) + " against the host's " + std::to_string(want);
+    mismatch_right = mismatch_right && mismatch == (t == odd_slot);
+  }
+  const std::string what = std::string(G::name) + " " + G::head_reduction::name + ", " + std::to_string(layers) +
+                           " layer(s) of " + std::to_string(heads) + " heads, pool " + std::to_string(pool) +
+                           (normalize ? ", normalised" : "") + (from_reduced ? ", from reduced scores" : "");
+  tally.host(wrong == 0, what + ": " + std::to_string(wrong) + " slots differ" + (first.empty() ? "" : "; " + first));
+  tally.host(mismatch_right, what + ": mismatch set at the slot whose head holds another token, only there");
+}
+
+int run_combined_score_test(std::uint64_t seed) {
+  check_tally tally{"combined_score"};
+  std::mt19937_64 rng(seed);
+  for (int heads : {1, 3, 8, 9, 17})
+    for (int pool : {1, 3})
+      for (bool normalize : {true, false}) {
+        check_combined_score<sh::with_granularity<base_scissorhands, g_heads_mean>>(tally, rng, 1, heads, pool,
+                                                                                    normalize, false);
+        check_combined_score<sh::with_granularity<base_h2o, g_heads_max>>(tally, rng, 1, heads, pool, normalize, false);
+        for (bool from_reduced : {false, true}) {
+          check_combined_score<sh::with_granularity<base_scissorhands, g_layers_mean_max>>(tally, rng, 3, heads, pool,
+                                                                                           normalize, from_reduced);
+          check_combined_score<sh::with_granularity<base_h2o, g_layers_max_mean>>(tally, rng, 2, heads, pool, normalize,
+                                                                                  from_reduced);
+        }
+      }
+  return tally.report();
+}
+
+// ---------------------------------------------------------------------------
 // Tensor parallelism (partial_scores.hpp): R ranks, each holding H / R KV
 // heads of every layer, on one device or (multi_gpu) rank k on device
 // k % count. Each rank's cuda::local_scores must equal host::local_scores
@@ -1605,7 +1708,10 @@ int main(int argc, char** argv) {
     else if (a == "--host-only") host_only = true;
     else if (a == "--long") long_first = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--configs N] [--seed S] [--only differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu] [--quick] [--long N] [--host-only]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--configs N] [--seed S] [--only "
+                   "differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu,combined_score] [--quick] "
+                   "[--long N] [--host-only]\n",
                    argv[0]);
       return 2;
     }
@@ -1617,6 +1723,7 @@ int main(int argc, char** argv) {
   failures += run_part(only, "errors", [] { return run_error_tests(); });
   failures += run_part(only, "graph", [] { return run_graph_test(); });
   failures += run_part(only, "tensor_parallel", [] { return run_tensor_parallel(false); });
+  failures += run_part(only, "combined_score", [&] { return run_combined_score_test(seed); });
   if (!only.empty()) {
     // Its own CTest entry: skipped (77) below two devices.
     int multi = 0;

@@ -55,12 +55,14 @@ namespace scissorhands::cuda::detail {
 // reduction is read from it, sequence b's row, and finished over
 // reduced.kv_heads (host::detail::combine_reduced_scores). `position` is
 // layer 0 head 0's token; `mismatch` is set when any head of any layer
-// holds another one at slot t.
+// holds another one at slot t. Host and device: the token-level suite
+// calls it on the host against the host backend (its combined_score part).
 template <class Granularity, bool HighestFirst>
-__device__ inline float combined_score(const settings& cfg, const model_state<memory_space::device>& model,
-                                       const partial_scores<memory_space::device>& reduced, std::int32_t b,
-                                       std::int32_t r, std::int32_t t, std::int32_t length, std::int32_t position,
-                                       bool& mismatch) {
+SCISSORHANDS_HOST_DEVICE inline float combined_score(const settings& cfg,
+                                                     const model_state<memory_space::device>& model,
+                                                     const partial_scores<memory_space::device>& reduced,
+                                                     std::int32_t b, std::int32_t r, std::int32_t t,
+                                                     std::int32_t length, std::int32_t position, bool& mismatch) {
   using Heads = typename Granularity::head_reduction;
   constexpr bool over_layers = Granularity::kind == granularity_kind::shared_layers;
   const bool from_reduced = reduced.values.data() != nullptr;
@@ -80,9 +82,12 @@ __device__ inline float combined_score(const settings& cfg, const model_state<me
     float head_acc = Heads::identity();
     for (std::int32_t h0 = 0; h0 < heads; h0 += group) {
       const std::int32_t n = heads - h0 < group ? heads - h0 : group;
-      std::int32_t positions[group];
-      float scores[group], observed[group];
+      // Zeroed: a host compiler cannot tell the loads' guard from the uses'.
+      std::int32_t positions[group] = {};
+      float scores[group] = {}, observed[group] = {};
+#if SCISSORHANDS_ON_DEVICE  // (a host compiler warns on the pragma)
 #pragma unroll
+#endif
       for (std::int32_t k = 0; k < group; ++k)
         if (k < n) {
           const std::int64_t i = s.row_index(r, h0 + k, t);
@@ -92,7 +97,9 @@ __device__ inline float combined_score(const settings& cfg, const model_state<me
             observed[k] = s.observed[i];
           }
         }
+#if SCISSORHANDS_ON_DEVICE  // (a host compiler warns on the pragma)
 #pragma unroll
+#endif
       for (std::int32_t k = 0; k < group; ++k)
         if (k < n) {
           if (positions[k] != position) mismatch = true;
