@@ -200,6 +200,20 @@ __global__ void spin(long long cycles) {
 
 constexpr int fill_blocks = 1024, fill_threads = 256;
 
+// After the stream's work: any status word set in any of `layers` is the
+// benchmark's error.
+void require_clear(benchmark::State& s, cudaStream_t stream,
+                   const std::vector<sh::eviction_state<sh::memory_space::device>>& layers) {
+  CHECK(cudaStreamSynchronize(stream));
+  std::uint32_t any = 0;
+  for (const auto& st : layers) {
+    std::vector<std::uint32_t> w(static_cast<std::size_t>(st.shape.rows));
+    CHECK(cudaMemcpy(w.data(), st.status, sizeof(std::uint32_t) * w.size(), cudaMemcpyDeviceToHost));
+    for (auto x : w) any |= x;
+  }
+  if (any != 0) s.SkipWithError(("status words: " + sh::cuda::describe_status(any)).c_str());
+}
+
 // One layer at (batch, budget): cache, state, inputs.
 struct layer {
   int batch, budget, capacity;
@@ -296,14 +310,7 @@ struct layer {
   double k_bytes() const { return tokens() * head_dim * sizeof(T); }
   // The library never writes the lengths: only the state needs restoring.
   void restore() { CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream)); }
-  void require_ok(benchmark::State& s) {
-    std::vector<std::uint32_t> w(static_cast<std::size_t>(state.shape.rows));
-    CHECK(cudaStreamSynchronize(stream));
-    CHECK(cudaMemcpy(w.data(), state.status, sizeof(std::uint32_t) * w.size(), cudaMemcpyDeviceToHost));
-    std::uint32_t any = 0;
-    for (auto x : w) any |= x;
-    if (any != 0) s.SkipWithError(("status words: " + sh::cuda::describe_status(any)).c_str());
-  }
+  void require_ok(benchmark::State& s) { require_clear(s, stream, {state}); }
 };
 
 double g_copy_bandwidth = 0.0;  // bytes read + written per second
@@ -415,18 +422,18 @@ void bm_observe_probabilities(benchmark::State& s, int batch, int budget, int st
 }
 
 // Bytes compress (fill_holes) must move: position, score and observed
-// count of every token read (selection), and per evicted token its hole
-// filled: K and V rows and its state (12 bytes + ring) read and written.
+// count of every token read (selection), and (compaction_bytes, also
+// compact's) per evicted token its hole filled: K and V rows and its state (12 bytes + ring) read and written.
 // The ring is word-major (a token's words capacity x 4 bytes apart) and
 // moved row-fastest: the holes are scattered, so each word written is a
 // 32-byte DRAM sector; the sources (survivors above the new length) are
 // consecutive, 4 bytes a word read, but a lone source (m = 1) is a sector
 // too.
-double compress_bytes(const layer& l, int m) {
+double compaction_bytes(const layer& l, int m) {
   const double ring = (m == 1 ? 64.0 : 36.0) * l.state.shape.ring_words;
-  return l.tokens() * 12.0 +
-         static_cast<double>(l.batch) * kv_heads * m * (2.0 * (2.0 * head_dim * sizeof(T) + 12.0) + ring);
+  return static_cast<double>(l.batch) * kv_heads * m * (2.0 * (2.0 * head_dim * sizeof(T) + 12.0) + ring);
 }
+double compress_bytes(const layer& l, int m) { return l.tokens() * 12.0 + compaction_bytes(l, m); }
 
 // Bytes compress with preserve_order moves: the keys read, and each
 // shifted row's K and V rows, position, score, observed count and ring
@@ -576,14 +583,9 @@ struct model_selection {
   }
   // Any status word of any layer set: the benchmark's error.
   void require_ok(benchmark::State& s, const layer& l) {
-    std::vector<std::uint32_t> w(static_cast<std::size_t>(l.state.shape.rows));
-    std::uint32_t any = 0;
-    CHECK(cudaStreamSynchronize(l.stream));
-    for (int i = 0; i < model_layers; ++i) {
-      CHECK(cudaMemcpy(w.data(), model.layer(i).status, sizeof(std::uint32_t) * w.size(), cudaMemcpyDeviceToHost));
-      for (auto x : w) any |= x;
-    }
-    if (any != 0) s.SkipWithError(("status words: " + sh::cuda::describe_status(any)).c_str());
+    std::vector<sh::eviction_state<sh::memory_space::device>> layers;
+    for (int i = 0; i < model_layers; ++i) layers.push_back(model.layer(i));
+    require_clear(s, l.stream, layers);
   }
 };
 
@@ -638,7 +640,7 @@ void bm_compact(benchmark::State& s, int batch, int budget, int m) {
   CHECK(cudaMemcpy(counts.data(), sel.counts.p, sizeof(std::int32_t) * counts.size(), cudaMemcpyDeviceToHost));
   if (!g_host_only && std::any_of(counts.begin(), counts.end(), [&](std::int32_t c) { return c != m; }))
     s.SkipWithError("select did not evict m tokens from every sequence");
-  report(s, l, compress_bytes(l, m) - l.tokens() * 12.0, t);
+  report(s, l, compaction_bytes(l, m), t);
   s.counters["frac_floor_per_step"] = t / m / (l.kv_bytes() / g_copy_bandwidth);
 }
 
