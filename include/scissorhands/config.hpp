@@ -20,6 +20,14 @@
 #define SCISSORHANDS_ON_DEVICE 0
 #endif
 
+// Unrolls the next loop in device code. Host and device functions use it:
+// a host compiler would warn on an unknown `#pragma unroll`.
+#if SCISSORHANDS_ON_DEVICE
+#define SCISSORHANDS_UNROLL _Pragma("unroll")
+#else
+#define SCISSORHANDS_UNROLL
+#endif
+
 // Keeps a host function out of line where inlining would cost its
 // vectorisation (host/observe.hpp says where); a no-op elsewhere.
 #if defined(__GNUC__) || defined(__clang__)

@@ -51,10 +51,14 @@
 //                 queries and compress against the host, kept code and
 //                 parameter rows bit for bit; the non-finite K parameter
 //                 check (status_k_params). See quantized.cuh.
+//   argmin        compress's m = 1 selection (key_of_slot, lowest_of_thread,
+//                 lowest_key_op: host and device functions) run thread by
+//                 thread on the host against host::compress's victim; runs
+//                 in host-only runs too. See argmin.cuh.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
 //                               [--only differential,errors,shrink,graph,wide_elements,quantized,
-//                                       quantized_checks]
+//                                       quantized_checks,argmin]
 //                               [--quick] [--long N] [--host-only]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps; --long N makes the first N configurations long heads (> 4096
@@ -175,6 +179,7 @@ int run_differential(int configs, std::uint64_t seed, bool quick, int long_first
 }  // namespace differential
 
 using namespace differential;
+#include "argmin.cuh"         // argmin_tests::run
 #include "device_checks.cuh"  // run_error_tests, run_shrink_tests, run_graph_test
 #include "quantized.cuh"      // quantized_tests::run_differential, run_checks
 
@@ -202,7 +207,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
-                   "wide_elements,quantized,quantized_checks] [--quick] [--long N] [--host-only]\n",
+                   "wide_elements,quantized,quantized_checks,argmin] [--quick] [--long N] [--host-only]\n",
                    argv[0]);
       return 2;
     }
@@ -220,6 +225,7 @@ int main(int argc, char** argv) {
   failures += run_part(only, "wide_elements", [] { return run_wide_elements(); });
   failures += run_part(only, "quantized", [] { return quantized_tests::run_differential(); });
   failures += run_part(only, "quantized_checks", [] { return quantized_tests::run_checks(); });
+  failures += run_part(only, "argmin", [] { return argmin_tests::run(); });
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -100,7 +100,9 @@ struct compress_workspace {
   }
 };
 
-// The eviction key of slot t, or ignored_key for a protected token.
+// The eviction key of slot t, or ignored_key for a protected token. Host
+// and device, like lowest_of_thread and lowest_key_op below: the
+// differential suite's argmin part runs them on the host.
 template <class Protector, bool HighestFirst>
 struct key_of_slot {
   settings cfg;
@@ -109,42 +111,46 @@ struct key_of_slot {
   const float* observed;
   std::int32_t next_position;
   std::int32_t length;  // the row's length (pooling reads neighbours up to it)
-  __device__ std::uint64_t operator()(std::int32_t t) const {
+  SCISSORHANDS_HOST_DEVICE std::uint64_t operator()(std::int32_t t) const {
     const std::int32_t position = positions[t];
     if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
     return scissorhands::detail::eviction_key(
         scissorhands::detail::pooled_eviction_score(scores, observed, t, length, cfg, HighestFirst), position);
   }
   // The same from a slot's values already loaded (no pooling: pool_width <= 1).
-  __device__ std::uint64_t of(std::int32_t position, float score, float seen) const {
+  SCISSORHANDS_HOST_DEVICE std::uint64_t of(std::int32_t position, float score, float seen) const {
     if (Protector::is_protected(position, next_position, cfg)) return block::ignored_key;
     return scissorhands::detail::eviction_key(scissorhands::detail::eviction_score(score, seen, cfg, HighestFirst),
                                               position);
   }
 };
 
-// The lowest key of slots threadIdx.x, threadIdx.x + Threads, ... < len,
-// ties to the lower slot, and how many keys were not ignored. Without
+// The lowest key of slots thread, thread + Threads, ... < len (thread is
+// threadIdx.x in a kernel), ties to the lower slot, and how many keys were
+// not ignored. Without
 // pooling, a thread loads the position, score and observed count of
 // `Items` slots before it looks at any, so the loop waits on one memory
 // latency per Items x Threads slots (2,048 at the defaults: one for a
 // decode-sized head) instead of one or two per slot.
 template <int Threads, int Items, class Protector, bool HighestFirst>
-__device__ inline void lowest_of_thread(const key_of_slot<Protector, HighestFirst>& from_state, std::int32_t len,
-                                        std::uint64_t& best, std::int32_t& slot, std::int32_t& count) {
+SCISSORHANDS_HOST_DEVICE inline void lowest_of_thread(const key_of_slot<Protector, HighestFirst>& from_state,
+                                                      std::int32_t thread, std::int32_t len, std::uint64_t& best,
+                                                      std::int32_t& slot, std::int32_t& count) {
   auto consider = [&](std::int32_t t, std::uint64_t key) {
     if (key == block::ignored_key) return;
     ++count;
     if (key < best) best = key, slot = t;
   };
   if (from_state.cfg.pool_width > 1) {
-    for (std::int32_t t = threadIdx.x; t < len; t += Threads) consider(t, from_state(t));
+    for (std::int32_t t = thread; t < len; t += Threads) consider(t, from_state(t));
     return;
   }
-  for (std::int32_t t0 = threadIdx.x; t0 < len; t0 += Threads * Items) {
+  for (std::int32_t t0 = thread; t0 < len; t0 += Threads * Items) {
+    // Not zero-initialised: that costs select_kernel a 16-byte spill
+    // (ptxas, sm_90); one guard covers the loads and the uses.
     std::int32_t position[Items];
     float score[Items], seen[Items];
-#pragma unroll
+    SCISSORHANDS_UNROLL
     for (int k = 0; k < Items; ++k) {
       const std::int32_t t = t0 + k * Threads;
       if (t < len) {
@@ -153,7 +159,7 @@ __device__ inline void lowest_of_thread(const key_of_slot<Protector, HighestFirs
         seen[k] = from_state.observed[t];
       }
     }
-#pragma unroll
+    SCISSORHANDS_UNROLL
     for (int k = 0; k < Items; ++k) {
       const std::int32_t t = t0 + k * Threads;
       if (t < len) consider(t, from_state.of(position[k], score[k], seen[k]));
@@ -170,7 +176,7 @@ struct lowest_key {
 struct lowest_key_op {
   // Selects by value: a reference to a or b would take their addresses and
   // push CUB's shuffles through local memory.
-  __device__ lowest_key operator()(const lowest_key& a, const lowest_key& b) const {
+  SCISSORHANDS_HOST_DEVICE lowest_key operator()(const lowest_key& a, const lowest_key& b) const {
     const bool take_b = b.key < a.key || (b.key == a.key && b.slot < a.slot);
     return {take_b ? b.key : a.key, take_b ? b.slot : a.slot, a.count + b.count};
   }
@@ -216,7 +222,8 @@ __global__ void __launch_bounds__(select_traits::threads)
   if (e == 1) {
     // m = 1 at the budget, the decode steady state: an argmin, one pass.
     lowest_key mine{block::ignored_key, -1, 0};
-    lowest_of_thread<traits::threads, select_traits::argmin_items>(from_state, len, mine.key, mine.slot, mine.count);
+    lowest_of_thread<traits::threads, select_traits::argmin_items>(from_state, static_cast<std::int32_t>(threadIdx.x),
+                                                                   len, mine.key, mine.slot, mine.count);
     const lowest_key all = cub::BlockReduce<lowest_key, traits::threads>(lowest_storage).Reduce(mine, lowest_key_op{});
     if (threadIdx.x == 0) {
       if (all.count < 1)
