@@ -43,8 +43,10 @@
 //                 for bit: head counts on both sides of its 8-head load
 //                 groups, pooled and not, normalised or not, NaN scores and
 //                 zero counts, from the state and from reduced scores, and
-//                 a head holding another token (mismatch). Runs for real
-//                 with --host-only.
+//                 a head holding another token (mismatch); and
+//                 local_scores_kernel's per-slot value (heads_of_slot, no
+//                 positions read) against head_partial. Runs for real with
+//                 --host-only.
 //
 // Usage: scissorhands_cuda_token_level_test [--configs N] [--seed S]
 //                                           [--only differential,errors,graph,tensor_parallel,
@@ -1413,7 +1415,9 @@ int run_graph_test() {
 // select_shared_kernel's per-slot score, cuda::detail::combined_score (a
 // host and device function), called on the host over host memory and
 // compared bit for bit (NaN with NaN) with the host backend's
-// combine_slot_scores, and from reduced scores with combine_reduced_scores.
+// combine_slot_scores, and from reduced scores with combine_reduced_scores;
+// and local_scores_kernel's, heads_of_slot without positions, with
+// head_partial.
 // Not a device result: it runs in host-only runs too.
 template <class Policy>
 void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, int heads, int pool, bool normalize,
@@ -1480,6 +1484,27 @@ void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, 
                            (normalize ? ", normalised" : "") + (from_reduced ? ", from reduced scores" : "");
   tally.host(wrong == 0, what + ": " + std::to_string(wrong) + " slots differ" + (first.empty() ? "" : "; " + first));
   tally.host(mismatch_right, what + ": mismatch set at the slot whose head holds another token, only there");
+  if (from_reduced) return;
+  // local_scores_kernel's value: one layer's heads, unfinished, positions
+  // not read (host::detail::head_partial).
+  int wrong_partial = 0;
+  bool quiet = true;
+  for (int l = 0; l < layers; ++l) {
+    sh::host::detail::head_partial(policy, host_model.layer(l), r, len, head_acc.data());
+    auto no_positions = as_device.layer(l);
+    no_positions.positions = nullptr;  // a read would fault; -1 below matches no token either
+    for (int t = 0; t < len; ++t) {
+      bool unused = false;
+      const float got = sh::cuda::detail::heads_of_slot<typename G::head_reduction, highest>(
+          policy.config, no_positions, r, t, len, true, false, -1, unused);
+      const float want = head_acc[t];
+      wrong_partial += (got != got && want != want) || std::memcmp(&got, &want, sizeof got) == 0 ? 0 : 1;
+      quiet = quiet && !unused;
+    }
+  }
+  tally.host(wrong_partial == 0 && quiet,
+             what + ": heads_of_slot without positions equals head_partial: " + std::to_string(wrong_partial) +
+                 " slots differ" + (quiet ? "" : "; mismatch set though positions were not read"));
 }
 
 int run_combined_score_test(std::uint64_t seed) {

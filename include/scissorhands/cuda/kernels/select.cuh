@@ -47,6 +47,55 @@
 
 namespace scissorhands::cuda::detail {
 
+// Slot t of state row r of one layer `s`, its KV heads reduced in order
+// 0..H-1 and not finished (host::detail::head_partial's acc[t]). With
+// `read_scores` false (scores already reduced elsewhere) nothing is
+// combined: identity. With `check_positions` every head's position is
+// compared with `position`, and `mismatch` set when one holds another
+// token. Unpooled (pool_width 1, the default), a group of heads' values
+// are all loaded before the first is used: a slot waits on one DRAM
+// latency per group, not one per head (the division between heads kept
+// each head's loads behind the previous head's use). Host and device: the
+// token-level suite's combined_score part runs it on the host.
+template <class Heads, bool HighestFirst>
+SCISSORHANDS_HOST_DEVICE inline float heads_of_slot(const settings& cfg, const eviction_state<memory_space::device>& s,
+                                                    std::int32_t r, std::int32_t t, std::int32_t length,
+                                                    bool read_scores, bool check_positions, std::int32_t position,
+                                                    bool& mismatch) {
+  constexpr std::int32_t group = 8;
+  const bool unpooled = cfg.pool_width <= 1;
+  const std::int32_t heads = s.shape.kv_heads;
+  float acc = Heads::identity();
+  for (std::int32_t h0 = 0; h0 < heads; h0 += group) {
+    const std::int32_t n = heads - h0 < group ? heads - h0 : group;
+    // Zeroed: a host compiler cannot tell the loads' guard from the uses'.
+    std::int32_t positions[group] = {};
+    float scores[group] = {}, observed[group] = {};
+    SCISSORHANDS_UNROLL
+    for (std::int32_t k = 0; k < group; ++k)
+      if (k < n) {
+        const std::int64_t i = s.row_index(r, h0 + k, t);
+        if (check_positions) positions[k] = s.positions[i];
+        if (read_scores && unpooled) {
+          scores[k] = s.scores[i];
+          observed[k] = s.observed[i];
+        }
+      }
+    SCISSORHANDS_UNROLL
+    for (std::int32_t k = 0; k < group; ++k)
+      if (k < n) {
+        if (check_positions && positions[k] != position) mismatch = true;
+        if (!read_scores) continue;
+        const std::int64_t row = s.row_index(r, h0 + k, 0);
+        const float v = unpooled ? scissorhands::detail::eviction_score(scores[k], observed[k], cfg, HighestFirst)
+                                 : scissorhands::detail::pooled_eviction_score(s.scores + row, s.observed + row, t,
+                                                                               length, cfg, HighestFirst);
+        acc = Heads::combine(acc, v);
+      }
+  }
+  return acc;
+}
+
 // The eviction score of slot t of state row r combined over every KV head
 // of every layer of `model` (one layer for shared_heads), exactly as
 // host::detail::combine_slot_scores: heads 0..H-1 inside a layer, then
@@ -66,52 +115,12 @@ SCISSORHANDS_HOST_DEVICE inline float combined_score(const settings& cfg,
   using Heads = typename Granularity::head_reduction;
   constexpr bool over_layers = Granularity::kind == granularity_kind::shared_layers;
   const bool from_reduced = reduced.values.data() != nullptr;
-  const std::int32_t heads = model.first.shape.kv_heads;
-  const std::int32_t divisor = from_reduced ? reduced.kv_heads : heads;
+  const std::int32_t divisor = from_reduced ? reduced.kv_heads : model.first.shape.kv_heads;
   float layer_acc = 0.0f, combined = 0.0f;
   if constexpr (over_layers) layer_acc = Granularity::layer_reduction::identity();
-  // Unpooled (pool_width 1, the default), a group of heads' position, score
-  // and observed count are all loaded before the first is used: a slot
-  // then waits on one DRAM latency per group in each layer, not one per
-  // head (the division between heads kept each head's loads behind the
-  // previous head's use). The same operations in the same order.
-  constexpr std::int32_t group = 8;
-  const bool unpooled = cfg.pool_width <= 1;
   for (std::int32_t l = 0; l < model.layers; ++l) {
-    const eviction_state<memory_space::device> s = model.layer(l);
-    float head_acc = Heads::identity();
-    for (std::int32_t h0 = 0; h0 < heads; h0 += group) {
-      const std::int32_t n = heads - h0 < group ? heads - h0 : group;
-      // Zeroed: a host compiler cannot tell the loads' guard from the uses'.
-      std::int32_t positions[group] = {};
-      float scores[group] = {}, observed[group] = {};
-#if SCISSORHANDS_ON_DEVICE  // (a host compiler warns on the pragma)
-#pragma unroll
-#endif
-      for (std::int32_t k = 0; k < group; ++k)
-        if (k < n) {
-          const std::int64_t i = s.row_index(r, h0 + k, t);
-          positions[k] = s.positions[i];
-          if (!from_reduced && unpooled) {
-            scores[k] = s.scores[i];
-            observed[k] = s.observed[i];
-          }
-        }
-#if SCISSORHANDS_ON_DEVICE  // (a host compiler warns on the pragma)
-#pragma unroll
-#endif
-      for (std::int32_t k = 0; k < group; ++k)
-        if (k < n) {
-          if (positions[k] != position) mismatch = true;
-          if (from_reduced) continue;
-          const std::int64_t row = s.row_index(r, h0 + k, 0);
-          const float v =
-              unpooled ? scissorhands::detail::eviction_score(scores[k], observed[k], cfg, HighestFirst)
-                       : scissorhands::detail::pooled_eviction_score(s.scores + row, s.observed + row, t, length, cfg,
-                                                                     HighestFirst);
-          head_acc = Heads::combine(head_acc, v);
-        }
-    }
+    float head_acc =
+        heads_of_slot<Heads, HighestFirst>(cfg, model.layer(l), r, t, length, !from_reduced, true, position, mismatch);
     if (from_reduced) head_acc = reduced.row(l, b)[t];
     if constexpr (over_layers)
       layer_acc = Granularity::layer_reduction::combine(layer_acc, Heads::finish(head_acc, divisor));
@@ -145,16 +154,11 @@ __global__ void __launch_bounds__(slot_traits::threads)
   // This block's chunk of slots, in 64 bits: its end may pass INT32_MAX.
   const std::int64_t lo = std::int64_t{blockIdx.x} * slot_traits::chunk;
   const std::int64_t end = lo + slot_traits::chunk < partial.capacity ? lo + slot_traits::chunk : partial.capacity;
+  bool unused = false;
   for (std::int64_t i = lo + threadIdx.x; i < end; i += slot_traits::threads) {
     const auto t = static_cast<std::int32_t>(i);
-    float acc = Heads::identity();
-    if (t < len)
-      for (std::int32_t h = 0; h < s.shape.kv_heads; ++h) {
-        const std::int64_t base = s.row_index(r, h, 0);
-        acc = Heads::combine(acc, scissorhands::detail::pooled_eviction_score(s.scores + base, s.observed + base, t,
-                                                                              len, cfg, HighestFirst));
-      }
-    row[t] = acc;
+    row[t] =
+        t < len ? heads_of_slot<Heads, HighestFirst>(cfg, s, r, t, len, true, false, 0, unused) : Heads::identity();
   }
 }
 
