@@ -46,14 +46,15 @@ struct request_batch {
         d_last(batch_size),
         d_rows(batch_size),
         request_at_(batch_size, -1) {
-    for (int q = 0; q < live; ++q) row_of[q] = pos_of[q] = q;
+    std::vector<int> first_at(live);  // pos_of is set by move_to, the one place a request moves
+    for (int q = 0; q < live; ++q) row_of[q] = first_at[q] = q;
     if (mapped) {
       std::vector<int> r(rows), p(batch_size);
       std::iota(r.begin(), r.end(), 0);
       std::iota(p.begin(), p.end(), 0);
       std::shuffle(r.begin(), r.end(), rng);
       std::shuffle(p.begin(), p.end(), rng);
-      for (int q = 0; q < live; ++q) row_of[q] = r[q], pos_of[q] = p[q];
+      for (int q = 0; q < live; ++q) row_of[q] = r[q], first_at[q] = p[q];
     }
     if (paged) {
       std::vector<std::int32_t> ids(num_pages);
@@ -61,7 +62,7 @@ struct request_batch {
       std::shuffle(ids.begin(), ids.end(), rng);
       for (int q = 0; q < live; ++q) pages[q].assign(ids.begin() + q * max_pages, ids.begin() + (q + 1) * max_pages);
     }
-    move_to(pos_of);
+    move_to(first_at);
   }
 
   int live() const { return static_cast<int>(len.size()); }
