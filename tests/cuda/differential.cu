@@ -55,10 +55,16 @@
 //                 lowest_key_op: host and device functions) run thread by
 //                 thread on the host against host::compress's victim; runs
 //                 in host-only runs too. See argmin.cuh.
+//   check_parity  the device's checks of a sequence's length, page table
+//                 and state counters (host and device functions) run on the
+//                 host: each broken input must be refused by the host
+//                 naming the expected argument and flagged by the device
+//                 with the expected bit. Runs in host-only runs too. See
+//                 check_parity.cuh.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
 //                               [--only differential,errors,shrink,graph,wide_elements,quantized,
-//                                       quantized_checks,argmin]
+//                                       quantized_checks,argmin,check_parity]
 //                               [--quick] [--long N] [--host-only]
 // --quick (for compute-sanitizer) runs 24 small configurations and 8 graph
 // steps; --long N makes the first N configurations long heads (> 4096
@@ -180,6 +186,7 @@ int run_differential(int configs, std::uint64_t seed, bool quick, int long_first
 
 using namespace differential;
 #include "argmin.cuh"         // argmin_tests::run
+#include "check_parity.cuh"   // check_parity_tests::run
 #include "device_checks.cuh"  // run_error_tests, run_shrink_tests, run_graph_test
 #include "quantized.cuh"      // quantized_tests::run_differential, run_checks
 
@@ -207,7 +214,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
-                   "wide_elements,quantized,quantized_checks,argmin] [--quick] [--long N] [--host-only]\n",
+                   "wide_elements,quantized,quantized_checks,argmin,check_parity] [--quick] [--long N] [--host-only]\n",
                    argv[0]);
       return 2;
     }
@@ -226,6 +233,7 @@ int main(int argc, char** argv) {
   failures += run_part(only, "quantized", [] { return quantized_tests::run_differential(); });
   failures += run_part(only, "quantized_checks", [] { return quantized_tests::run_checks(); });
   failures += run_part(only, "argmin", [] { return argmin_tests::run(); });
+  failures += run_part(only, "check_parity", [] { return check_parity_tests::run(); });
   std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -55,10 +55,15 @@ struct sequence_table {
   }
 
   // The checks host::detail::validate_page_table and validate_common make on
-  // sequence b's entries, done by the whole block (page ids in parallel).
-  // Returns the bits of sequence b; `batch_bits` gets what concerns the whole
-  // table (indptr[0] != 0). `length` is only meaningful when both are zero.
-  __device__ std::uint32_t check_sequence(std::int32_t b, std::int32_t& length, std::uint32_t& batch_bits) const {
+  // sequence b's entries. A block shares the page ids: thread `thread` of
+  // `threads` checks ids thread, thread + threads, ... (the caller ORs the
+  // threads' bits); the rest is the same in every thread. Returns the bits
+  // of sequence b; `batch_bits` gets what concerns the whole table
+  // (indptr[0] != 0). `length` is only meaningful when both are zero. Host
+  // and device: the differential suite's check_parity part runs it on the
+  // host against the host backend's refusals.
+  SCISSORHANDS_HOST_DEVICE std::uint32_t check_sequence(std::int32_t b, std::int32_t thread, std::int32_t threads,
+                                                        std::int32_t& length, std::uint32_t& batch_bits) const {
     std::uint32_t bits = 0;
     length = 0;
     if (!paged) {
@@ -74,8 +79,7 @@ struct sequence_table {
       return bits | status_page_table;
     const std::int32_t last = last_page_len[b];
     if (pages == 0 ? last != 0 : (last < 1 || last > page_size)) return bits | status_page_table;
-    for (std::int32_t i = begin + static_cast<std::int32_t>(threadIdx.x); i < end;
-         i += static_cast<std::int32_t>(blockDim.x))
+    for (std::int32_t i = begin + thread; i < end; i += threads)
       if (indices[i] < 0 || indices[i] >= num_pages) bits |= status_page_table;
     length = pages == 0 ? 0 : static_cast<std::int32_t>(pages - 1) * page_size + last;
     return bits;

@@ -97,10 +97,10 @@ struct sequence_check {
 // (host::detail::validate_common): step in [0, 2^62], and when the length
 // is known, length <= capacity, 0 <= tracked <= length, and next_position
 // leaving int32 room for the new tokens. Returns the row's bits; `tracked`
-// and `next_position` get the counters.
-__device__ inline std::uint32_t check_counters(const eviction_state<memory_space::device>& state, std::int32_t r,
-                                               std::int32_t length, bool length_ok, std::int32_t& tracked,
-                                               std::int32_t& next_position) {
+// and `next_position` get the counters. Host and device (check_parity).
+SCISSORHANDS_HOST_DEVICE inline std::uint32_t check_counters(const eviction_state<memory_space::device>& state,
+                                                             std::int32_t r, std::int32_t length, bool length_ok,
+                                                             std::int32_t& tracked, std::int32_t& next_position) {
   std::uint32_t own = 0;
   tracked = state.tracked[r];
   next_position = state.next_position[r];
@@ -125,7 +125,8 @@ __device__ inline sequence_check check_sequence(const sequence_table& seqs,
                                                 bool scan_rows) {
   sequence_check c;
   std::uint32_t batch_bits = 0;
-  std::uint32_t own = block::block_or(seqs.check_sequence(b, c.length, batch_bits));
+  std::uint32_t own = block::block_or(seqs.check_sequence(b, static_cast<std::int32_t>(threadIdx.x),
+                                                          static_cast<std::int32_t>(blockDim.x), c.length, batch_bits));
   c.length_ok = own == 0;
   const std::int32_t r = state.row(b);
   if (r < -1 || r >= state.shape.rows) {

@@ -1,0 +1,201 @@
+#pragma once
+// Part of differential.cu (its main translation unit): the device refuses
+// what the host refuses, run on the host.
+//
+//   check_parity  the data checks every CUDA call makes first of a
+//                 sequence's length or page-table entries and of its state
+//                 row's counters (sequence_table::check_sequence, every
+//                 thread of a block in turn, then check_counters: host and
+//                 device functions, kernels/check.cuh) against host::admit's
+//                 refusal of the same bytes, contiguous and paged. Each case
+//                 breaks one thing (or sits on a bound and breaks nothing):
+//                 the host must refuse it naming the expected argument and
+//                 the device set exactly the expected status bit, for the
+//                 row or for the batch, or both accept it. Not a device
+//                 result: it runs in host-only runs too.
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "harness.cuh"
+
+namespace check_parity_tests {
+
+using namespace harness;
+namespace sh = scissorhands;
+namespace kd = sh::cuda::detail;
+constexpr auto device_space = sh::memory_space::device;
+
+// A batch of one sequence of 10 tokens, state row 0 tracking all of them.
+// Contiguous: capacity 32. Paged: page size 4, pages 5, 1, 2 of a pool of 8,
+// at most 6 pages a sequence (24 tokens). The state has 16 slots.
+struct fixture {
+  bool paged = false;
+  std::vector<std::int32_t> lengths{10};
+  std::vector<std::int32_t> indptr{0, 3}, indices{5, 1, 2}, last_page_len{2};
+  std::int32_t state_slots = 16;
+  std::int64_t step = 5;
+  std::int32_t tracked = 10, next_position = 10;
+};
+
+constexpr int H = 1, D = 1, capacity = 32, page_size = 4, num_pages = 8, max_pages = 6;
+
+struct verdict {
+  std::string host_argument;  // empty: accepted
+  std::uint32_t own = 0, batch = 0;
+};
+
+template <class Policy>
+verdict judge(const Policy& policy, const fixture& f) {
+  const sh::state_shape shape{1, H, f.state_slots, policy.ring_words()};
+  aligned_bytes state_buf(sh::state_bytes(shape));
+  const auto st = sh::make_state(state_buf.span(), shape);
+  sh::host::reset_state(st);
+  st.step[0] = f.step;
+  st.tracked[0] = f.tracked;
+  st.next_position[0] = f.next_position;
+  // The same bytes typed as the device's, read by the device checks on the host.
+  const auto dst = sh::make_state(sh::span<std::byte, device_space>(state_buf.data(), state_buf.n), shape);
+  const std::size_t elements = f.paged ? std::size_t{num_pages} * page_size * H * D : std::size_t{capacity} * H * D;
+  std::vector<float> k(elements, 0.0f), v(elements, 0.0f);
+  verdict out;
+  auto host_call = [&](const auto& view) {
+    try {
+      sh::host::admit(policy, view, st);
+    } catch (const sh::invalid_argument& e) {
+      out.host_argument = e.argument();
+    }
+  };
+  kd::sequence_table seqs;
+  if (f.paged) {
+    host_call(sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
+                                     sh::host_span<const std::int32_t>(f.indptr.data(), f.indptr.size()),
+                                     sh::host_span<const std::int32_t>(f.indices.data(), f.indices.size()),
+                                     sh::host_span<const std::int32_t>(f.last_page_len.data(), 1), 1, H, D, page_size,
+                                     num_pages, max_pages));
+    seqs = kd::make_sequence_table(sh::make_paged_kv_view(
+        sh::span<float, device_space>(k.data(), k.size()), sh::span<float, device_space>(v.data(), v.size()),
+        sh::span<const std::int32_t, device_space>(f.indptr.data(), f.indptr.size()),
+        sh::span<const std::int32_t, device_space>(f.indices.data(), f.indices.size()),
+        sh::span<const std::int32_t, device_space>(f.last_page_len.data(), 1), 1, H, D, page_size, num_pages,
+        max_pages));
+  } else {
+    host_call(sh::make_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
+                               sh::host_span<const std::int32_t>(f.lengths.data(), 1), 1, H, D, capacity,
+                               sh::named_layout::nhd));
+    seqs = kd::make_sequence_table(sh::make_kv_view(
+        sh::span<float, device_space>(k.data(), k.size()), sh::span<float, device_space>(v.data(), v.size()),
+        sh::span<const std::int32_t, device_space>(f.lengths.data(), 1), 1, H, D, capacity, sh::named_layout::nhd));
+  }
+  // kernels/check.cuh's check_sequence for a live row: the block's threads
+  // share the page ids, then the row's counters against the length.
+  constexpr int threads = sh::cuda::slot_traits::threads;
+  std::int32_t length = 0;
+  for (int thread = 0; thread < threads; ++thread)
+    out.own |= seqs.check_sequence(0, thread, threads, length, out.batch);
+  std::int32_t tracked = 0, next_position = 0;
+  out.own |= kd::check_counters(dst, 0, length, out.own == 0, tracked, next_position);
+  return out;
+}
+
+struct parity_case {
+  const char* what;
+  bool paged;
+  std::function<void(fixture&)> breaks;
+  const char* host_argument;  // "" : accepted
+  std::uint32_t own, batch;
+};
+
+inline int run() {
+  check_tally tally{"check_parity"};
+  const sh::scissorhands_policy policy;
+  constexpr std::int32_t int32_max = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t step_max = std::int64_t{1} << 62;
+  std::vector<parity_case> cases;
+  for (bool paged : {false, true}) {
+    // The row's counters, either layout.
+    cases.push_back({"as built", paged, [](fixture&) {}, "", 0, 0});
+    cases.push_back({"step -1", paged, [](fixture& f) { f.step = -1; }, "state.step", sh::cuda::status_step, 0});
+    cases.push_back({"step 2^62", paged, [](fixture& f) { f.step = step_max; }, "", 0, 0});
+    cases.push_back(
+        {"step 2^62 + 1", paged, [](fixture& f) { f.step = step_max + 1; }, "state.step", sh::cuda::status_step, 0});
+    cases.push_back(
+        {"tracked -1", paged, [](fixture& f) { f.tracked = -1; }, "cache length", sh::cuda::status_tracked, 0});
+    cases.push_back({"tracked above the length", paged, [](fixture& f) { f.tracked = 11; }, "cache length",
+                     sh::cuda::status_tracked, 0});
+    cases.push_back({"tracked 0 (all tokens new)", paged, [](fixture& f) { f.tracked = 0; }, "", 0, 0});
+    cases.push_back({"next_position -1", paged, [](fixture& f) { f.next_position = -1; }, "state.next_position",
+                     sh::cuda::status_position_overflow, 0});
+    cases.push_back(
+        {"next_position INT32_MAX, no new token", paged, [](fixture& f) { f.next_position = int32_max; }, "", 0, 0});
+    cases.push_back({"next_position INT32_MAX, one new token", paged,
+                     [](fixture& f) { f.next_position = int32_max, f.tracked = 9; }, "state.next_position",
+                     sh::cuda::status_position_overflow, 0});
+    cases.push_back({"state one slot short", paged, [](fixture& f) { f.state_slots = 9; }, "state.shape.capacity",
+                     sh::cuda::status_state_capacity, 0});
+    cases.push_back({"state exactly long enough", paged, [](fixture& f) { f.state_slots = 10; }, "", 0, 0});
+  }
+  // The length of a contiguous cache.
+  cases.push_back({"length -1", false, [](fixture& f) { f.lengths = {-1}, f.tracked = 0; }, "cache length",
+                   sh::cuda::status_length, 0});
+  cases.push_back({"length above the capacity", false, [](fixture& f) { f.lengths = {capacity + 1}; }, "cache length",
+                   sh::cuda::status_length, 0});
+  cases.push_back({"length at the capacity", false,
+                   [](fixture& f) { f.lengths = {capacity}, f.state_slots = capacity; }, "", 0, 0});
+  // A paged cache's table.
+  const std::uint32_t table = sh::cuda::status_page_table;
+  cases.push_back({"indptr[0] = 1", true,
+                   [](fixture& f) {
+                     f.indptr = {1, 4}, f.indices = {0, 5, 1, 2};
+                   },
+                   "cache.indptr", 0, table});
+  cases.push_back({"indptr decreasing", true, [](fixture& f) { f.indptr = {0, -1}; }, "cache.indptr", table, 0});
+  cases.push_back({"pages above max_pages_per_sequence", true,
+                   [](fixture& f) {
+                     f.indptr = {0, 7}, f.indices = {0, 1, 2, 3, 4, 5, 6}, f.state_slots = 32;
+                   },
+                   "cache.indptr", table, 0});
+  cases.push_back(
+      {"last_page_len 0 on a page", true, [](fixture& f) { f.last_page_len = {0}; }, "cache.last_page_len", table, 0});
+  cases.push_back({"last_page_len above page_size", true, [](fixture& f) { f.last_page_len = {5}; },
+                   "cache.last_page_len", table, 0});
+  cases.push_back({"last_page_len 1 without a page", true,
+                   [](fixture& f) {
+                     f.indptr = {0, 0}, f.last_page_len = {1}, f.tracked = 0;
+                   },
+                   "cache.last_page_len", table, 0});
+  cases.push_back({"indptr past the indices", true, [](fixture& f) { f.indices = {5, 1}; }, "cache.indices", table, 0});
+  cases.push_back({"page id = num_pages", true,
+                   [](fixture& f) {
+                     f.indices = {5, num_pages, 2};
+                   },
+                   "cache.indices", table, 0});
+  cases.push_back({"page id -1", true, [](fixture& f) { f.indices = {5, 1, -1}; }, "cache.indices", table, 0});
+  cases.push_back({"a sequence with no page", true,
+                   [](fixture& f) {
+                     f.indptr = {0, 0}, f.last_page_len = {0}, f.tracked = 0;
+                   },
+                   "", 0, 0});
+  for (const parity_case& c : cases) {
+    fixture f;
+    f.paged = c.paged;
+    c.breaks(f);
+    const verdict got = judge(policy, f);
+    const std::string want_host =
+        c.host_argument[0] == 0 ? "accepts" : std::string("refuses '") + c.host_argument + "'";
+    const std::string got_host = got.host_argument.empty() ? "accepts" : "refuses '" + got.host_argument + "'";
+    const auto bits = [](std::uint32_t word) {
+      return word == 0 ? std::string("none") : sh::cuda::describe_status(word);
+    };
+    tally.host(got_host == want_host && got.own == c.own && got.batch == c.batch,
+               std::string(c.paged ? "paged" : "contiguous") + ", " + c.what + ": host " + got_host + " (want " +
+                   want_host + "); device row bits " + bits(got.own) + " (want " + bits(c.own) + "), batch bits " +
+                   bits(got.batch) + " (want " + bits(c.batch) + ")");
+  }
+  return tally.report();
+}
+
+}  // namespace check_parity_tests
