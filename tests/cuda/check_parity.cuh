@@ -5,9 +5,11 @@
 //   check_parity  the data checks every CUDA call makes first of a
 //                 sequence's length or page-table entries and of its state
 //                 row's counters (sequence_table::check_sequence, every
-//                 thread of a block in turn, then check_counters: host and
-//                 device functions, kernels/check.cuh) against host::admit's
-//                 refusal of the same bytes, contiguous and paged. Each case
+//                 thread of a block in turn, then check_counters), and
+//                 observe's checks of its query counts (check_queries):
+//                 host and device functions, kernels/check.cuh. Against
+//                 host::admit's (or host::observe_probabilities') refusal
+//                 of the same bytes, contiguous and paged. Each case
 //                 breaks one thing (or sits on a bound and breaks nothing):
 //                 the host must refuse it naming the expected argument and
 //                 the device set exactly the expected status bit, for the
@@ -18,6 +20,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness.cuh"
@@ -27,6 +30,7 @@ namespace check_parity_tests {
 using namespace harness;
 namespace sh = scissorhands;
 namespace kd = sh::cuda::detail;
+constexpr auto host_space = sh::memory_space::host;
 constexpr auto device_space = sh::memory_space::device;
 
 // A batch of one sequence of 10 tokens, state row 0 tracking all of them.
@@ -39,9 +43,15 @@ struct fixture {
   std::int32_t state_slots = 16;
   std::int64_t step = 5;
   std::int32_t tracked = 10, next_position = 10;
+  // Observe from probabilities (host::observe_probabilities; the device's
+  // check_queries) instead of admit: uniform q_len, or ragged qo_indptr.
+  bool queries = false, ragged = false;
+  std::int32_t q_len = 3;
+  std::vector<std::int32_t> qo_indptr{0, 3};
 };
 
 constexpr int H = 1, D = 1, capacity = 32, page_size = 4, num_pages = 8, max_pages = 6;
+constexpr int q_heads = 1, columns = capacity, max_queries = capacity;
 
 struct verdict {
   std::string host_argument;  // empty: accepted
@@ -62,9 +72,23 @@ verdict judge(const Policy& policy, const fixture& f) {
   const std::size_t elements = f.paged ? std::size_t{num_pages} * page_size * H * D : std::size_t{capacity} * H * D;
   std::vector<float> k(elements, 0.0f), v(elements, 0.0f);
   verdict out;
+  // Probabilities of 0.05 for every query a case can have (ragged: token-major).
+  std::vector<float> probs(std::size_t{max_queries} * q_heads * columns, 0.05f);
+  const auto probs_of = [&](auto space) {
+    constexpr auto S = decltype(space)::value;
+    const sh::span<const float, S> data(probs.data(), probs.size());
+    return f.ragged
+               ? sh::probability_view<S>::ragged(
+                     data, sh::span<const std::int32_t, S>(f.qo_indptr.data(), f.qo_indptr.size()), q_heads, columns)
+               : sh::probability_view<S>::dense(data, q_heads, f.q_len, columns);
+  };
   auto host_call = [&](const auto& view) {
     try {
-      sh::host::admit(policy, view, st);
+      if (f.queries)
+        sh::host::observe_probabilities(policy, view, st,
+                                        probs_of(std::integral_constant<sh::memory_space, host_space>{}));
+      else
+        sh::host::admit(policy, view, st);
     } catch (const sh::invalid_argument& e) {
       out.host_argument = e.argument();
     }
@@ -91,13 +115,21 @@ verdict judge(const Policy& policy, const fixture& f) {
         sh::span<const std::int32_t, device_space>(f.lengths.data(), 1), 1, H, D, capacity, sh::named_layout::nhd));
   }
   // kernels/check.cuh's check_sequence for a live row: the block's threads
-  // share the page ids, then the row's counters against the length.
+  // share the page ids, then the row's counters against the length; then
+  // observe_check_kernel's check_queries.
   constexpr int threads = sh::cuda::slot_traits::threads;
-  std::int32_t length = 0;
-  for (int thread = 0; thread < threads; ++thread)
-    out.own |= seqs.check_sequence(0, thread, threads, length, out.batch);
-  std::int32_t tracked = 0, next_position = 0;
-  out.own |= kd::check_counters(dst, 0, length, out.own == 0, tracked, next_position);
+  kd::sequence_check c;
+  for (int thread = 0; thread < threads; ++thread) c.own |= seqs.check_sequence(0, thread, threads, c.length, c.batch);
+  c.row = 0;
+  c.row_ok = true;
+  c.length_ok = c.own == 0;
+  c.own |= kd::check_counters(dst, 0, c.length, c.length_ok, c.tracked, c.next_position);
+  if (f.queries) {
+    const auto device_probs = probs_of(std::integral_constant<sh::memory_space, device_space>{});
+    kd::check_queries(kd::make_query_rows(device_probs, q_heads, device_probs.data.size()), 0, c);
+  }
+  out.own = c.own;
+  out.batch = c.batch;
   return out;
 }
 
@@ -179,6 +211,22 @@ inline int run() {
                      f.indptr = {0, 0}, f.last_page_len = {0}, f.tracked = 0;
                    },
                    "", 0, 0});
+  // Query counts (observe from probabilities), contiguous: the sequence
+  // holds 10 tokens, each query is one of them.
+  const auto ragged = [](std::vector<std::int32_t> qo) {
+    return [qo](fixture& f) { f.queries = f.ragged = true, f.qo_indptr = qo; };
+  };
+  const auto uniform = [](std::int32_t q) { return [q](fixture& f) { f.queries = true, f.q_len = q; }; };
+  const std::uint32_t qo = sh::cuda::status_qo_indptr, too_many = sh::cuda::status_query_length;
+  cases.push_back({"q_len 3", false, uniform(3), "", 0, 0});
+  cases.push_back({"q_len = length", false, uniform(10), "", 0, 0});
+  cases.push_back({"q_len above the length", false, uniform(11), "q_len", too_many, 0});
+  cases.push_back({"qo_indptr {0, 3}", false, ragged({0, 3}), "", 0, 0});
+  cases.push_back({"qo_indptr {0, 10}", false, ragged({0, 10}), "", 0, 0});
+  cases.push_back({"qo_indptr {0, 11}: above the length", false, ragged({0, 11}), "qo_indptr", too_many, 0});
+  cases.push_back({"qo_indptr {-1, 2}: negative start", false, ragged({-1, 2}), "qo_indptr", qo, qo});
+  cases.push_back({"qo_indptr {3, 2}: decreasing", false, ragged({3, 2}), "qo_indptr", qo, 0});
+  cases.push_back({"qo_indptr {0, 0}: no query", false, ragged({0, 0}), "", 0, 0});
   for (const parity_case& c : cases) {
     fixture f;
     f.paged = c.paged;

@@ -55,12 +55,12 @@
 //                 lowest_key_op: host and device functions) run thread by
 //                 thread on the host against host::compress's victim; runs
 //                 in host-only runs too. See argmin.cuh.
-//   check_parity  the device's checks of a sequence's length, page table
-//                 and state counters (host and device functions) run on the
-//                 host: each broken input must be refused by the host
-//                 naming the expected argument and flagged by the device
-//                 with the expected bit. Runs in host-only runs too. See
-//                 check_parity.cuh.
+//   check_parity  the device's checks of a sequence's length, page table,
+//                 state counters and query counts (host and device
+//                 functions) run on the host: each broken input must be
+//                 refused by the host naming the expected argument and
+//                 flagged by the device with the expected bit. Runs in
+//                 host-only runs too. See check_parity.cuh.
 //
 // Usage: scissorhands_cuda_test [--configs N] [--seed S] [--graph-steps N]
 //                               [--only differential,errors,shrink,graph,wide_elements,quantized,

@@ -24,14 +24,14 @@ struct query_rows {
   std::int64_t sequence_stride = 0, head_stride = 0, query_stride = 0;
   std::uint64_t size = 0;  // elements in the view's span
 
-  __device__ bool ragged() const { return qo_indptr != nullptr; }
-  __device__ std::int32_t queries_of(std::int32_t b) const {
+  SCISSORHANDS_HOST_DEVICE bool ragged() const { return qo_indptr != nullptr; }
+  SCISSORHANDS_HOST_DEVICE std::int32_t queries_of(std::int32_t b) const {
     return ragged() ? qo_indptr[b + 1] - qo_indptr[b] : q_len;
   }
   // One past the last element that the rows of sequence b's first q
   // queries reach, rows of `row` elements (strides are non-negative, so the
   // last query of the last head reaches furthest).
-  __device__ std::int64_t reach(std::int32_t b, std::int32_t q, std::int64_t row) const {
+  SCISSORHANDS_HOST_DEVICE std::int64_t reach(std::int32_t b, std::int32_t q, std::int64_t row) const {
     const span<const std::int32_t, memory_space::device> indptr(qo_indptr, qo_indptr ? 1 : 0);
     return scissorhands::detail::query_offset(indptr, sequence_stride, head_stride, query_stride, b, q_heads - 1,
                                               q - 1) +
@@ -155,8 +155,9 @@ __device__ inline sequence_check check_sequence(const sequence_table& seqs,
 }
 
 // host::detail::validate_query_counts for sequence b: qo_indptr sane at b,
-// and no more queries than tokens (unless the sequence holds none).
-__device__ inline void check_queries(const query_rows& counts, std::int32_t b, sequence_check& c) {
+// and no more queries than tokens (unless the sequence holds none). Host
+// and device (check_parity).
+SCISSORHANDS_HOST_DEVICE inline void check_queries(const query_rows& counts, std::int32_t b, sequence_check& c) {
   std::int64_t q = counts.q_len;
   if (counts.ragged()) {
     const std::int32_t start = counts.qo_indptr[b];
