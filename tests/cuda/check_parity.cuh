@@ -93,30 +93,22 @@ verdict judge(const Policy& policy, const fixture& f) {
       out.host_argument = e.argument();
     }
   };
-  kd::sequence_table seqs;
-  if (f.paged) {
-    host_call(sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                                     sh::host_span<const std::int32_t>(f.indptr.data(), f.indptr.size()),
-                                     sh::host_span<const std::int32_t>(f.indices.data(), f.indices.size()),
-                                     sh::host_span<const std::int32_t>(f.last_page_len.data(), 1), 1, H, D, page_size,
-                                     num_pages, max_pages));
-    seqs = kd::make_sequence_table(sh::make_paged_kv_view(
-        sh::span<float, device_space>(k.data(), k.size()), sh::span<float, device_space>(v.data(), v.size()),
-        sh::span<const std::int32_t, device_space>(f.indptr.data(), f.indptr.size()),
-        sh::span<const std::int32_t, device_space>(f.indices.data(), f.indices.size()),
-        sh::span<const std::int32_t, device_space>(f.last_page_len.data(), 1), 1, H, D, page_size, num_pages,
-        max_pages));
-  } else {
-    host_call(sh::make_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                               sh::host_span<const std::int32_t>(f.lengths.data(), 1), 1, H, D, capacity,
-                               sh::named_layout::nhd));
-    seqs = kd::make_sequence_table(sh::make_kv_view(
-        sh::span<float, device_space>(k.data(), k.size()), sh::span<float, device_space>(v.data(), v.size()),
-        sh::span<const std::int32_t, device_space>(f.lengths.data(), 1), 1, H, D, capacity, sh::named_layout::nhd));
-  }
-  // kernels/check.cuh's check_sequence for a live row: the block's threads
-  // share the page ids, then the row's counters against the length; then
-  // observe_check_kernel's check_queries.
+  // The device's checks first, on the bytes the host is given: an accepted
+  // host call writes the state. kernels/check.cuh's check_sequence for a
+  // live row: the block's threads share the page ids, then the row's
+  // counters against the length; then observe_check_kernel's check_queries.
+  const kd::sequence_table seqs =
+      f.paged
+          ? kd::make_sequence_table(sh::make_paged_kv_view(
+                sh::span<float, device_space>(k.data(), k.size()), sh::span<float, device_space>(v.data(), v.size()),
+                sh::span<const std::int32_t, device_space>(f.indptr.data(), f.indptr.size()),
+                sh::span<const std::int32_t, device_space>(f.indices.data(), f.indices.size()),
+                sh::span<const std::int32_t, device_space>(f.last_page_len.data(), 1), 1, H, D, page_size, num_pages,
+                max_pages))
+          : kd::make_sequence_table(sh::make_kv_view(sh::span<float, device_space>(k.data(), k.size()),
+                                                     sh::span<float, device_space>(v.data(), v.size()),
+                                                     sh::span<const std::int32_t, device_space>(f.lengths.data(), 1), 1,
+                                                     H, D, capacity, sh::named_layout::nhd));
   constexpr int threads = sh::cuda::slot_traits::threads;
   kd::sequence_check c;
   for (int thread = 0; thread < threads; ++thread) c.own |= seqs.check_sequence(0, thread, threads, c.length, c.batch);
@@ -128,6 +120,16 @@ verdict judge(const Policy& policy, const fixture& f) {
     const auto device_probs = probs_of(std::integral_constant<sh::memory_space, device_space>{});
     kd::check_queries(kd::make_query_rows(device_probs, q_heads, device_probs.data.size()), 0, c);
   }
+  if (f.paged)
+    host_call(sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
+                                     sh::host_span<const std::int32_t>(f.indptr.data(), f.indptr.size()),
+                                     sh::host_span<const std::int32_t>(f.indices.data(), f.indices.size()),
+                                     sh::host_span<const std::int32_t>(f.last_page_len.data(), 1), 1, H, D, page_size,
+                                     num_pages, max_pages));
+  else
+    host_call(sh::make_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
+                               sh::host_span<const std::int32_t>(f.lengths.data(), 1), 1, H, D, capacity,
+                               sh::named_layout::nhd));
   out.own = c.own;
   out.batch = c.batch;
   return out;

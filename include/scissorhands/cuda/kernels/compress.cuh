@@ -127,11 +127,10 @@ struct key_of_slot {
 
 // The lowest key of slots thread, thread + Threads, ... < len (thread is
 // threadIdx.x in a kernel), ties to the lower slot, and how many keys were
-// not ignored. Without
-// pooling, a thread loads the position, score and observed count of
-// `Items` slots before it looks at any, so the loop waits on one memory
-// latency per Items x Threads slots (2,048 at the defaults: one for a
-// decode-sized head) instead of one or two per slot.
+// not ignored. Without pooling, a thread loads the position, score and
+// observed count of `Items` slots before it looks at any, so the loop waits
+// on one memory latency per Items x Threads slots (2,048 at the defaults:
+// one for a decode-sized head) instead of one or two per slot.
 template <int Threads, int Items, class Protector, bool HighestFirst>
 SCISSORHANDS_HOST_DEVICE inline void lowest_of_thread(const key_of_slot<Protector, HighestFirst>& from_state,
                                                       std::int32_t thread, std::int32_t len, std::uint64_t& best,

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
   // This block's chunk of slots, in 64 bits: its end may pass INT32_MAX.
   const std::int64_t lo = std::int64_t{blockIdx.x} * slot_traits::chunk;
   const std::int64_t end = lo + slot_traits::chunk < partial.capacity ? lo + slot_traits::chunk : partial.capacity;
-  bool unused = false;
+  bool unused = false;  // heads_of_slot's mismatch: no positions are read here
   for (std::int64_t i = lo + threadIdx.x; i < end; i += slot_traits::threads) {
     const auto t = static_cast<std::int32_t>(i);
     row[t] =
