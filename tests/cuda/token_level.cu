@@ -1466,6 +1466,8 @@ void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, 
     }
   }
   if (!from_reduced) sh::host::detail::combine_slot_scores(policy, host_model, r, len, scratch);
+  // Bit for bit, any NaN equal to any NaN.
+  const auto same_score = [](float got, float want) { return (got != got && want != want) || same_bits(got, want); };
   int wrong = 0;
   bool mismatch_right = true;
   std::string first;
@@ -1474,8 +1476,7 @@ void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, 
     const float got =
         sh::cuda::detail::combined_score<G, highest>(policy.config, as_device, reduced, b, r, t, len, t, mismatch);
     const float want = layer_acc[t];
-    const bool same = (got != got && want != want) || std::memcmp(&got, &want, sizeof got) == 0;
-    if (!same && wrong++ == 0)
+    if (!same_score(got, want) && wrong++ == 0)
       first = "slot " + std::to_string(t) + ": " + std::to_string(got) + " against the host's " + std::to_string(want);
     mismatch_right = mismatch_right && mismatch == (t == odd_slot);
   }
@@ -1497,8 +1498,7 @@ void check_combined_score(check_tally& tally, std::mt19937_64& rng, int layers, 
       bool unused = false;
       const float got = sh::cuda::detail::heads_of_slot<typename G::head_reduction, highest>(
           policy.config, no_positions, r, t, len, true, false, -1, unused);
-      const float want = head_acc[t];
-      wrong_partial += (got != got && want != want) || std::memcmp(&got, &want, sizeof got) == 0 ? 0 : 1;
+      wrong_partial += same_score(got, head_acc[t]) ? 0 : 1;
       quiet = quiet && !unused;
     }
   }
