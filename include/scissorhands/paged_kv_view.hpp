@@ -17,6 +17,7 @@
 #include "error.hpp"
 #include "kv_layout.hpp"
 #include "span.hpp"
+#include "token_table_view.hpp"
 
 namespace scissorhands {
 
@@ -92,22 +93,8 @@ namespace detail {
 
 template <class T, memory_space Space>
 void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
-  require(view.batch > 0, fn, "cache.batch", "must be positive, got ", view.batch);
-  require(view.kv_heads > 0, fn, "cache.kv_heads", "must be positive, got ", view.kv_heads);
+  validate_table_shape(fn, view);
   require(view.head_dim > 0, fn, "cache.head_dim", "must be positive, got ", view.head_dim);
-  require(view.page_size > 0, fn, "cache.page_size", "must be positive, got ", view.page_size);
-  require(view.num_pages > 0, fn, "cache.num_pages", "must be positive, got ", view.num_pages);
-  require(view.max_pages_per_sequence > 0, fn, "cache.max_pages_per_sequence", "must be positive, got ",
-          view.max_pages_per_sequence);
-  require(std::int64_t{view.max_pages_per_sequence} * view.page_size <= INT32_MAX, fn,
-          "cache.max_pages_per_sequence", "times page_size must fit in int32, got ",
-          std::int64_t{view.max_pages_per_sequence} * view.page_size);
-  require(view.indptr.data() != nullptr, fn, "cache.indptr", "must not be null");
-  require(view.indptr.size() == static_cast<std::size_t>(view.batch) + 1, fn, "cache.indptr",
-          "must hold batch + 1 = ", std::int64_t{view.batch} + 1, " entries, got ", view.indptr.size());
-  require(view.last_page_len.data() != nullptr, fn, "cache.last_page_len", "must not be null");
-  require(view.last_page_len.size() == static_cast<std::size_t>(view.batch), fn, "cache.last_page_len",
-          "must hold batch = ", view.batch, " entries, got ", view.last_page_len.size());
   const std::array<std::int64_t, 3> extents{view.num_pages, view.kv_heads, view.page_size};
   const struct {
     const char* name;
@@ -132,32 +119,7 @@ void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
   require(view.k_pages.data() != view.v_pages.data(), fn, "cache.v_pages", "must not alias cache.k_pages");
 }
 
-// Page-table checks that read the table (host memory only).
-template <class T>
-void validate_page_table(const char* fn, const paged_kv_view<T, memory_space::host>& view) {
-  require(view.indptr[0] == 0, fn, "cache.indptr", "must start at 0, got ", view.indptr[0]);
-  for (std::int32_t b = 0; b < view.batch; ++b) {
-    // In 64 bits: a garbage indptr[b + 1] far below indptr[b] overflows int32.
-    const std::int64_t pages = std::int64_t{view.indptr[b + 1]} - view.indptr[b];
-    require(pages >= 0, fn, "cache.indptr", "must be non-decreasing; indptr[", b + 1, "] = ", view.indptr[b + 1],
-            " < indptr[", b, "] = ", view.indptr[b]);
-    require(pages <= view.max_pages_per_sequence, fn, "cache.indptr", "gives sequence ", b, " ", pages,
-            " pages, above max_pages_per_sequence = ", view.max_pages_per_sequence);
-    const std::int32_t last = view.last_page_len[b];
-    if (pages == 0)
-      require(last == 0, fn, "cache.last_page_len", "[", b, "] must be 0 for a sequence with no page, got ", last);
-    else
-      require(last >= 1 && last <= view.page_size, fn, "cache.last_page_len", "[", b, "] must be in [1, page_size = ",
-              view.page_size, "], got ", last);
-  }
-  const std::int32_t used = view.indptr[view.batch];
-  require(static_cast<std::size_t>(used) <= view.indices.size(), fn, "cache.indices", "holds ",
-          view.indices.size(), " entries but indptr[batch] = ", used);
-  require(used == 0 || view.indices.data() != nullptr, fn, "cache.indices", "must not be null");
-  for (std::int32_t i = 0; i < used; ++i)
-    require(view.indices[i] >= 0 && view.indices[i] < view.num_pages, fn, "cache.indices", "[", i, "] = ",
-            view.indices[i], " is outside the pool [0, num_pages = ", view.num_pages, ")");
-}
+// validate_page_table (token_table_view.hpp) checks the table itself.
 
 }  // namespace detail
 }  // namespace scissorhands

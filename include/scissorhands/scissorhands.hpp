@@ -24,3 +24,4 @@
 #include "quantized_kv_view.hpp"
 #include "selection.hpp"
 #include "span.hpp"
+#include "token_table_view.hpp"

@@ -108,6 +108,20 @@ void params_ranges(const View& cache, byte_range (&r)[2]) {
   }
 }
 
+// K and V (empty ranges for a token_table_view, which has none).
+template <class View>
+void kv_ranges(const View& cache, byte_range (&r)[2]) {
+  if constexpr (requires { cache.k_pages; }) {
+    r[0] = range_of(cache.k_pages, "cache.k_pages");
+    r[1] = range_of(cache.v_pages, "cache.v_pages");
+  } else if constexpr (requires { cache.k; }) {
+    r[0] = range_of(cache.k, "cache.k");
+    r[1] = range_of(cache.v, "cache.v");
+  } else {
+    r[0] = r[1] = byte_range{nullptr, 0, ""};
+  }
+}
+
 // compress's outputs: new_lengths one entry per sequence; freed_pages one
 // per sequence for a paged cache, empty or one per sequence for a contiguous
 // one. Neither may overlap anything the call reads or moves (lengths, page
@@ -134,7 +148,8 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
             out.freed_pages.size(), out.freed_pages.data() == nullptr ? " at a null pointer" : "");
   const byte_range state_bytes_range{state.step, state.step == nullptr ? 0 : offsets_of(state.shape).total,
                                      "the state"};
-  byte_range params[2];
+  byte_range kv[2], params[2];
+  kv_ranges(cache, kv);
   params_ranges(cache, params);
   const byte_range inputs[] = {
       [&] {
@@ -151,14 +166,8 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
       }(),
       range_of(state.state_rows, "state.state_rows"),
       state_bytes_range,
-      [&] {
-        if constexpr (paged) return range_of(cache.k_pages, "cache.k_pages");
-        else return range_of(cache.k, "cache.k");
-      }(),
-      [&] {
-        if constexpr (paged) return range_of(cache.v_pages, "cache.v_pages");
-        else return range_of(cache.v, "cache.v");
-      }(),
+      kv[0],
+      kv[1],
       params[0],
       params[1],
       workspace,
@@ -189,16 +198,7 @@ void table_ranges(const View& cache, byte_range (&r)[3]) {
     r[1] = r[2] = byte_range{nullptr, 0, ""};
   }
 }
-template <class View>
-void kv_ranges(const View& cache, byte_range (&r)[2]) {
-  if constexpr (requires { cache.page_size; }) {
-    r[0] = range_of(cache.k_pages, "cache.k_pages");
-    r[1] = range_of(cache.v_pages, "cache.v_pages");
-  } else {
-    r[0] = range_of(cache.k, "cache.k");
-    r[1] = range_of(cache.v, "cache.v");
-  }
-}
+
 template <memory_space Space>
 byte_range model_range(const model_state<Space>& model) {
   return {model.first.step,

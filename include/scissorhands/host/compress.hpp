@@ -188,7 +188,10 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 void compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
               host_span<std::byte> workspace, compress_output<memory_space::host> out) {
-  detail::plan_compress("host::compress", policy, cache, state, budget, workspace, out, 1).run();
+  static_assert(kv_rows_view<View>, "host::compress moves K/V rows and a token_table_view holds none: pass a "
+                "kv_view / paged_kv_view, or (shared_layers) select once, free the slots and forget per layer");
+  if constexpr (kv_rows_view<View>)
+    detail::plan_compress("host::compress", policy, cache, state, budget, workspace, out, 1).run();
 }
 
 // compress as a plan (plan.hpp) for up to `slices` threads: validates and
@@ -199,7 +202,10 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 auto plan_compress(const Policy& policy, View cache, eviction_state<memory_space::host> state, std::int32_t budget,
                    host_span<std::byte> workspace, compress_output<memory_space::host> out, std::int32_t slices) {
-  return detail::plan_compress("host::plan_compress", policy, cache, state, budget, workspace, out, slices);
+  static_assert(kv_rows_view<View>, "host::plan_compress moves K/V rows and a token_table_view holds none: pass a "
+                "kv_view / paged_kv_view, or (shared_layers) select once, free the slots and forget per layer");
+  if constexpr (kv_rows_view<View>)
+    return detail::plan_compress("host::plan_compress", policy, cache, state, budget, workspace, out, slices);
 }
 
 // Applies compress's new lengths to a FlashInfer page table, in place, once

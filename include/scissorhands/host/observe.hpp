@@ -33,6 +33,7 @@
 #include "../kv_view.hpp"
 #include "../paged_kv_view.hpp"
 #include "../quantized_kv_view.hpp"
+#include "../token_table_view.hpp"
 #include "../policy/eviction_policy.hpp"
 
 namespace scissorhands::host {
@@ -311,6 +312,10 @@ void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& 
   validate_shape(fn, cache);
   validate_page_table(fn, cache);
 }
+inline void validate_cache(const char* fn, const token_table_view<memory_space::host>& cache) {
+  validate_shape(fn, cache);
+  validate_page_table(fn, cache);
+}
 template <class Codes>
 void validate_cache(const char* fn, const quantized_kv_view<Codes>& cache) {
   static_assert(Codes::space == memory_space::host, "the host backend needs a host view");
@@ -444,6 +449,9 @@ inline float static_score_of(const View& cache, std::int32_t b, std::int32_t h, 
     float k[key_scratch_floats];
     cache.dequantize_k(b, h, t, k);
     return Obs::static_score(static_cast<const float*>(k), cache.head_dim, position, h, cfg);
+  } else if constexpr (!kv_rows_view<View>) {
+    // No K to read: only an observation that reads none gets here (admit).
+    return Obs::static_score(static_cast<const float*>(nullptr), 0, position, h, cfg);
   } else {
     return Obs::static_score(cache.k_row(b, h, t), cache.head_dim, position, h, cfg);
   }
@@ -464,6 +472,10 @@ void validate_new_key_params(const char* fn, const View& cache, const eviction_s
 template <class Policy, class View>
 void admit(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state) {
   using Obs = typename Policy::observation;
+  static_assert(kv_rows_view<View> || !observation_reads_keys<Obs>,
+                "this policy's observation (key_norm, ...) scores each token from its K row when admitting it, and "
+                "a token_table_view holds no K/V: pass a kv_view or paged_kv_view, or use an observation that "
+                "reads no keys (attention, recency, random_score)");
   const std::int32_t words = state.shape.ring_words;
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t r = state.row(b);
@@ -974,20 +986,30 @@ void observe_probabilities(const Policy& policy, View cache, eviction_state<memo
 
 // softmax_scale multiplies q.k before the softmax (1/sqrt(head_dim) when 0).
 // A ragged `queries` needs a ragged `lse` over the same qo_indptr array.
+// A token_table_view is refused (it holds no K to recompute attention from);
+// the body is then skipped, so the message is the only error.
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 auto plan_observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
                           query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                           float softmax_scale = 0.0f) {
-  return detail::plan_observe_queries("host::plan_observe_queries", policy, cache, state, queries, lse,
-                                      softmax_scale);
+  static_assert(kv_rows_view<View>, "host::plan_observe_queries recomputes attention from the cached keys and a "
+                "token_table_view holds no K/V: hand over the probabilities (observe_probabilities) or pass a "
+                "kv_view / paged_kv_view");
+  if constexpr (kv_rows_view<View>)
+    return detail::plan_observe_queries("host::plan_observe_queries", policy, cache, state, queries, lse,
+                                        softmax_scale);
 }
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
                      query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                      float softmax_scale = 0.0f) {
-  detail::plan_observe_queries("host::observe_queries", policy, cache, state, queries, lse, softmax_scale).run();
+  static_assert(kv_rows_view<View>, "host::observe_queries recomputes attention from the cached keys and a "
+                "token_table_view holds no K/V: hand over the probabilities (observe_probabilities) or pass a "
+                "kv_view / paged_kv_view");
+  if constexpr (kv_rows_view<View>)
+    detail::plan_observe_queries("host::observe_queries", policy, cache, state, queries, lse, softmax_scale).run();
 }
 
 

@@ -447,7 +447,10 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 void compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
              eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
-  detail::plan_compact("host::compact", policy, cache, state, selection, workspace).run();
+  static_assert(kv_rows_view<View>, "host::compact moves K/V rows and a token_table_view holds none: free "
+                "selection.cache_slots in the engine's allocator and call host::forget per layer instead");
+  if constexpr (kv_rows_view<View>)
+    detail::plan_compact("host::compact", policy, cache, state, selection, workspace).run();
 }
 // compact as a plan (plan.hpp): validates on the calling thread; its units
 // are the sequences.
@@ -455,7 +458,10 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 auto plan_compact(const Policy& policy, View cache, eviction_state<memory_space::host> state,
                   eviction_selection<memory_space::host> selection, host_span<std::byte> workspace = {}) {
-  return detail::plan_compact("host::plan_compact", policy, cache, state, selection, workspace);
+  static_assert(kv_rows_view<View>, "host::plan_compact moves K/V rows and a token_table_view holds none: free "
+                "selection.cache_slots in the engine's allocator and call host::plan_forget per layer instead");
+  if constexpr (kv_rows_view<View>)
+    return detail::plan_compact("host::plan_compact", policy, cache, state, selection, workspace);
 }
 
 namespace detail {

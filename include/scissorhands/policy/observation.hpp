@@ -59,6 +59,7 @@ struct key_norm {
   static constexpr const char* name = "key_norm";
   static constexpr bool needs_attention = false;
   static constexpr bool binary = false;
+  static constexpr bool reads_keys = true;  // admit needs the K rows (a kv_view or paged_kv_view)
   template <class T>
   SCISSORHANDS_HOST_DEVICE static float static_score(const T* key, std::int32_t head_dim, std::int32_t position,
                                                      std::int32_t head, const settings&) {
@@ -79,6 +80,7 @@ struct recency {
   static constexpr const char* name = "recency";
   static constexpr bool needs_attention = false;
   static constexpr bool binary = false;
+  static constexpr bool reads_keys = false;  // admit needs no K (token_table_view will do)
   template <class T>
   SCISSORHANDS_HOST_DEVICE static float static_score(const T*, std::int32_t, std::int32_t, std::int32_t,
                                                      const settings&) {
@@ -92,6 +94,7 @@ struct random_score {
   static constexpr const char* name = "random_score";
   static constexpr bool needs_attention = false;
   static constexpr bool binary = false;
+  static constexpr bool reads_keys = false;  // admit needs no K (token_table_view will do)
   template <class T>
   SCISSORHANDS_HOST_DEVICE static float static_score(const T*, std::int32_t, std::int32_t position,
                                                      std::int32_t head, const settings& s) {
@@ -105,6 +108,20 @@ struct random_score {
     return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
   }
 };
+
+// Whether admitting a token reads its K row: a static observation does
+// unless it says `static constexpr bool reads_keys = false` (its score then
+// depends on position and head only and is given a null key); an attention
+// observation never does.
+template <class Observation>
+inline constexpr bool observation_reads_keys = [] {
+  if constexpr (Observation::needs_attention)
+    return false;
+  else if constexpr (requires { Observation::reads_keys; })
+    return static_cast<bool>(Observation::reads_keys);
+  else
+    return true;
+}();
 
 // Whether compress evicts an observation policy's highest scores first.
 template <class Observation>
