@@ -83,9 +83,8 @@ void validate_table_shape(const char* fn, const View& view) {
   require(view.num_pages > 0, fn, "cache.num_pages", "must be positive, got ", view.num_pages);
   require(view.max_pages_per_sequence > 0, fn, "cache.max_pages_per_sequence", "must be positive, got ",
           view.max_pages_per_sequence);
-  require(std::int64_t{view.max_pages_per_sequence} * view.page_size <= INT32_MAX, fn,
-          "cache.max_pages_per_sequence", "times page_size must fit in int32, got ",
-          std::int64_t{view.max_pages_per_sequence} * view.page_size);
+  require(std::int64_t{view.max_pages_per_sequence} * view.page_size <= INT32_MAX, fn, "cache.max_pages_per_sequence",
+          "times page_size must fit in int32, got ", std::int64_t{view.max_pages_per_sequence} * view.page_size);
   require(view.indptr.data() != nullptr, fn, "cache.indptr", "must not be null");
   require(view.indptr.size() == static_cast<std::size_t>(view.batch) + 1, fn, "cache.indptr",
           "must hold batch + 1 = ", std::int64_t{view.batch} + 1, " entries, got ", view.indptr.size());
@@ -116,16 +115,16 @@ void validate_page_table(const char* fn, const View& view) {
     if (pages == 0)
       require(last == 0, fn, "cache.last_page_len", "[", b, "] must be 0 for a sequence with no page, got ", last);
     else
-      require(last >= 1 && last <= view.page_size, fn, "cache.last_page_len", "[", b, "] must be in [1, page_size = ",
-              view.page_size, "], got ", last);
+      require(last >= 1 && last <= view.page_size, fn, "cache.last_page_len", "[", b,
+              "] must be in [1, page_size = ", view.page_size, "], got ", last);
   }
   const std::int32_t used = view.indptr[view.batch];
-  require(static_cast<std::size_t>(used) <= view.indices.size(), fn, "cache.indices", "holds ",
-          view.indices.size(), " entries but indptr[batch] = ", used);
+  require(static_cast<std::size_t>(used) <= view.indices.size(), fn, "cache.indices", "holds ", view.indices.size(),
+          " entries but indptr[batch] = ", used);
   require(used == 0 || view.indices.data() != nullptr, fn, "cache.indices", "must not be null");
   for (std::int32_t i = 0; i < used; ++i)
-    require(view.indices[i] >= 0 && view.indices[i] < view.num_pages, fn, "cache.indices", "[", i, "] = ",
-            view.indices[i], " is outside the pool [0, num_pages = ", view.num_pages, ")");
+    require(view.indices[i] >= 0 && view.indices[i] < view.num_pages, fn, "cache.indices", "[", i,
+            "] = ", view.indices[i], " is outside the pool [0, num_pages = ", view.num_pages, ")");
 }
 
 }  // namespace detail

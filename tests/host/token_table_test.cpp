@@ -173,16 +173,21 @@ run_record run(const Policy& policy, const scenario& sc, bool table_only) {
             float* row = probs.data() + (static_cast<std::size_t>(qo[b] + j) * q_heads + qh) * columns;
             const std::int32_t visible = len - q_len + j + 1;
             float sum = 0.0f;
-            for (std::int32_t t = 0; t < visible; ++t) sum += row[t] = 0.01f + static_cast<float>(unit(h(7 + l, (qh * 64 + j) * 4096 + b * 512 + t)));
+            for (std::int32_t t = 0; t < visible; ++t)
+              sum += row[t] = 0.01f + static_cast<float>(unit(h(7 + l, (qh * 64 + j) * 4096 + b * 512 + t)));
             for (std::int32_t t = 0; t < visible; ++t) row[t] /= sum;
           }
       }
       if constexpr (Policy::observation::needs_attention) {
-        if (table_only) sh::host::observe_probabilities(policy, table, step_model.layer(l), pv);
-        else sh::host::observe_probabilities(policy, view_of(l), step_model.layer(l), pv);
+        if (table_only)
+          sh::host::observe_probabilities(policy, table, step_model.layer(l), pv);
+        else
+          sh::host::observe_probabilities(policy, view_of(l), step_model.layer(l), pv);
       } else {
-        if (table_only) sh::host::admit(policy, table, step_model.layer(l));
-        else sh::host::admit(policy, view_of(l), step_model.layer(l));
+        if (table_only)
+          sh::host::admit(policy, table, step_model.layer(l));
+        else
+          sh::host::admit(policy, view_of(l), step_model.layer(l));
       }
     }
     // Once: select, with the engine's workspace sized by the view it passes.
@@ -201,15 +206,19 @@ run_record run(const Policy& policy, const scenario& sc, bool table_only) {
                                            {cache_slots.data(), cache_slots.size()},
                                            {{new_lengths.data(), new_lengths.size()}, {freed.data(), freed.size()}}};
     const sh::host_span<const std::int32_t> pins(pinned.data(), pinned.size());
-    if (table_only) sh::host::select(policy, table, step_model, sc.budget, workspace.span(), sel, pins);
-    else sh::host::select(policy, view_of(0), step_model, sc.budget, workspace.span(), sel, pins);
+    if (table_only)
+      sh::host::select(policy, table, step_model, sc.budget, workspace.span(), sel, pins);
+    else
+      sh::host::select(policy, view_of(0), step_model, sc.budget, workspace.span(), sel, pins);
     record.selections.push_back({counts, slots, cache_slots, new_lengths, freed});
 
     // The engine: frees the chosen cells, keeps the others in order; the
     // state forgets them layer by layer (views still before the removal).
     for (std::int32_t l = 0; l < L; ++l) {
-      if (table_only) sh::host::forget(policy, table, step_model.layer(l), sel);
-      else sh::host::forget(policy, view_of(l), step_model.layer(l), sel);
+      if (table_only)
+        sh::host::forget(policy, table, step_model.layer(l), sel);
+      else
+        sh::host::forget(policy, view_of(l), step_model.layer(l), sel);
     }
     for (std::int32_t b = 0; b < B; ++b) {
       const std::int32_t r = rows[b];
@@ -314,7 +323,10 @@ TEST_CASE("token_table_view: a bad table is refused by name, nothing written", "
   const std::int32_t stride = sh::max_evictions(capacity, 4, 1);
   std::vector<std::int32_t> counts(B), slots(B * stride), new_lengths(B), freed(B);
   aligned_bytes ws(sh::host::select_workspace_bytes(table(), shape));
-  const sh::eviction_selection<host> sel{stride, {counts.data(), counts.size()}, {slots.data(), slots.size()}, {},
+  const sh::eviction_selection<host> sel{stride,
+                                         {counts.data(), counts.size()},
+                                         {slots.data(), slots.size()},
+                                         {},
                                          {{new_lengths.data(), new_lengths.size()}, {freed.data(), freed.size()}}};
   const auto all_calls = [&](const char* argument) {
     refused(argument, [&] { sh::host::admit(p, table(), model.layer(0)); });
