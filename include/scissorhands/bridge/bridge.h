@@ -150,6 +150,21 @@ struct paged_cache {
   std::int32_t max_pages_per_sequence = 0;  // bounds every sequence's page count
 };
 
+// A FlashInfer page table without K/V (token_table_view), for token-level
+// eviction in an engine that owns its cache slots (llama.cpp's cells: page
+// size 1, each sequence's cells in position order). Read only.
+struct token_table {
+  const std::int32_t* indptr = nullptr;  // [batch + 1]
+  const std::int32_t* indices = nullptr;  // each sequence's slot (page) ids in position order
+  std::size_t indices_size = 0;           // entries readable at indices (>= indptr[batch])
+  const std::int32_t* last_page_len = nullptr;  // [batch]
+  std::int32_t batch = 0;
+  std::int32_t kv_heads = 0;
+  std::int32_t page_size = 1;
+  std::int32_t num_pages = 0;               // slots (pages) in the pool (bounds the ids)
+  std::int32_t max_pages_per_sequence = 0;  // bounds every sequence's page count
+};
+
 // ---- what attention produced --------------------------------------------------
 //
 // Queries per sequence: q_len each (qo_indptr null), or FlashInfer's ragged
@@ -266,11 +281,53 @@ struct state {
   }
 };
 
+// Token level (shared_layers): every layer's state back to back in one
+// caller buffer, 256-byte aligned, of model_state_bytes(shape, layers)
+// bytes; make_model_state fills layer_bytes. state_rows as state's.
+struct model_state {
+  void* buffer = nullptr;
+  std::size_t bytes = 0;
+  state_shape shape;
+  std::int32_t layers = 0;
+  std::size_t layer_bytes = 0;               // one layer's state bytes: make_model_state fills it
+  const std::int32_t* state_rows = nullptr;  // [batch]
+
+  // Layer l's state, seen through the same batch (admit, observe, forget).
+  // Not constexpr: a void* cannot be offset in a constant expression.
+  state layer(std::int32_t l) const noexcept {
+    state s;
+    s.buffer = buffer == nullptr ? nullptr
+                                 : static_cast<unsigned char*>(buffer) + layer_bytes * static_cast<std::size_t>(l);
+    s.bytes = layer_bytes;
+    s.shape = shape;
+    s.state_rows = state_rows;
+    return s;
+  }
+  constexpr model_state for_batch(const std::int32_t* rows_of_batch) const noexcept {
+    model_state m = *this;
+    m.state_rows = rows_of_batch;
+    return m;
+  }
+};
+
 // compress writes every sequence's new length, and (paged: required;
 // contiguous: optional, null) how many trailing pages of its list are empty.
 struct compress_output {
   std::int32_t* new_lengths = nullptr;  // [batch]
   std::int32_t* freed_pages = nullptr;  // [batch]
+};
+
+// What select writes (eviction_selection): per sequence, the slots that
+// leave and its length afterwards; stride >= max_evictions(shape.capacity,
+// budget, m). Nothing moves: the engine frees cache_slots in its allocator,
+// removes them from each sequence's list keeping the others' order, and
+// calls forget for every layer.
+struct selection {
+  std::int32_t stride = 0;
+  std::int32_t* counts = nullptr;       // [batch] slots evicted from sequence b
+  std::int32_t* slots = nullptr;        // [batch * stride] token indices, ascending per sequence
+  std::int32_t* cache_slots = nullptr;  // optional [batch * stride]: indices[...] * page_size + offset (the cell)
+  compress_output out;                  // new_lengths [batch], freed_pages [batch] (both required)
 };
 
 // A FlashInfer page table the engine owns and shrink_page_table rewrites.
@@ -296,6 +353,15 @@ constexpr std::int32_t length_after_compress(std::int32_t length, std::int32_t b
 // between two compress calls (1 when decoding, the chunk size for prefill).
 constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_step_tokens) noexcept {
   return budget + max_step_tokens - 1;
+}
+
+// Entries per sequence a selection needs (select's stride): the most
+// tokens one sequence can lose in a call; 0 when the capacity never reaches
+// the budget.
+constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t budget,
+                                     std::int32_t evict_count) noexcept {
+  const std::int64_t e = std::int64_t{state_capacity} - budget + evict_count;
+  return e > 0 ? static_cast<std::int32_t>(e > INT32_MAX ? INT32_MAX : e) : 0;
 }
 
 }  // namespace scissorhands::bridge
@@ -382,3 +448,58 @@ constexpr std::int32_t state_capacity_for(std::int32_t budget, std::int32_t max_
                                                   std::size_t* released_count) noexcept;                              \
   }                                                                                                                   \
   static_assert(true, "SCISSORHANDS_BRIDGE_DECLARE(...) takes a trailing semicolon")
+
+
+// Declares, in namespace `ns`, the token-level (shared_layers) functions of
+// one policy for an engine that owns its cache slots and hands the library
+// no K/V (llama.cpp): per step, admit or observe_probabilities every layer
+// (model.layer(l) seen through the batch), select once, free the chosen
+// cache_slots and keep the rest in order, then forget every layer (with the
+// table as it was before the removal), and apply new_lengths. Use its own
+// namespace (not one SCISSORHANDS_BRIDGE_DECLARE also uses).
+//
+//   default_settings(&settings)                   the policy's own defaults (its preset's numbers)
+//   make_state_shape(settings, rows, kv_heads, capacity, &shape)  ring_words from the policy
+//   model_state_bytes(shape, layers, &bytes)      bytes of the whole model's state buffer
+//   make_model_state(buffer, bytes, shape, layers, &model)
+//   reset_state(model), reset_sequence(model, row, start_position)  every layer
+//   admit / observe_probabilities(settings, table, model.layer(l), ...)
+//   select_workspace_bytes(table, shape)          cannot fail
+//   select(settings, table, model, budget, workspace, workspace_bytes, selection, pinned_prefix)
+//   forget(settings, table, model.layer(l), selection)
+#define SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(ns)                                                                    \
+  namespace ns {                                                                                                       \
+  ::scissorhands::bridge::error default_settings(::scissorhands::bridge::settings* settings) noexcept;                 \
+  ::scissorhands::bridge::error make_state_shape(const ::scissorhands::bridge::settings& settings, std::int32_t rows,  \
+                                                 std::int32_t kv_heads, std::int32_t capacity,                         \
+                                                 ::scissorhands::bridge::state_shape* shape) noexcept;                 \
+  ::scissorhands::bridge::error model_state_bytes(const ::scissorhands::bridge::state_shape& shape,                    \
+                                                  std::int32_t layers, std::size_t* bytes) noexcept;                   \
+  ::scissorhands::bridge::error make_model_state(void* buffer, std::size_t bytes,                                      \
+                                                 const ::scissorhands::bridge::state_shape& shape,                     \
+                                                 std::int32_t layers,                                                  \
+                                                 ::scissorhands::bridge::model_state* model) noexcept;                 \
+  ::scissorhands::bridge::error reset_state(const ::scissorhands::bridge::model_state& model) noexcept;                \
+  ::scissorhands::bridge::error reset_sequence(const ::scissorhands::bridge::model_state& model, std::int32_t row,     \
+                                               std::int32_t start_position = 0) noexcept;                              \
+  ::scissorhands::bridge::error admit(const ::scissorhands::bridge::settings& settings,                                \
+                                      const ::scissorhands::bridge::token_table& table,                                \
+                                      const ::scissorhands::bridge::state& state) noexcept;                            \
+  ::scissorhands::bridge::error observe_probabilities(const ::scissorhands::bridge::settings& settings,                \
+                                                      const ::scissorhands::bridge::token_table& table,                \
+                                                      const ::scissorhands::bridge::state& state,                      \
+                                                      const ::scissorhands::bridge::probabilities& probs) noexcept;    \
+  std::size_t select_workspace_bytes(const ::scissorhands::bridge::token_table& table,                                 \
+                                     const ::scissorhands::bridge::state_shape& shape) noexcept;                       \
+  ::scissorhands::bridge::error select(const ::scissorhands::bridge::settings& settings,                               \
+                                       const ::scissorhands::bridge::token_table& table,                               \
+                                       const ::scissorhands::bridge::model_state& model, std::int32_t budget,          \
+                                       void* workspace, std::size_t workspace_bytes,                                   \
+                                       const ::scissorhands::bridge::selection& selection,                             \
+                                       const std::int32_t* pinned_prefix = nullptr) noexcept;                          \
+  ::scissorhands::bridge::error forget(const ::scissorhands::bridge::settings& settings,                               \
+                                       const ::scissorhands::bridge::token_table& table,                               \
+                                       const ::scissorhands::bridge::state& state,                                     \
+                                       const ::scissorhands::bridge::selection& selection) noexcept;                   \
+  }                                                                                                                    \
+  static_assert(true, "SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(...) takes a trailing semicolon")

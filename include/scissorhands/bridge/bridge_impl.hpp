@@ -47,6 +47,10 @@ static_assert(kv_layout::nhd(7, 3, 5).token_stride == scissorhands::kv_layout::n
               paged_layout::nhd(7, 3, 5).page_stride == scissorhands::paged_layout::nhd(7, 3, 5).page_stride &&
               paged_layout::hnd(7, 3, 5).head_stride == scissorhands::paged_layout::hnd(7, 3, 5).head_stride);
 
+static_assert(max_evictions(20, 16, 2) == scissorhands::max_evictions(20, 16, 2) &&
+              max_evictions(10, 16, 2) == scissorhands::max_evictions(10, 16, 2) &&
+              max_evictions(INT32_MAX, 0, 5) == scissorhands::max_evictions(INT32_MAX, 0, 5));
+
 // Runs call() and reports what it threw. Success costs the zeroed error.
 template <class F>
 error guarded(F&& call) noexcept {
@@ -86,6 +90,23 @@ Policy policy_of(const settings& s) {
   return p;
 }
 
+// policy_of's inverse: a policy's settings as the bridge's.
+inline settings settings_of(const scissorhands::settings& c) {
+  settings s;
+  s.window = c.window;
+  s.recent = c.recent;
+  s.sinks = c.sinks;
+  s.evict_count = c.evict_count;
+  s.alpha = c.alpha;
+  s.decay = c.decay;
+  s.normalize = c.normalize;
+  s.compaction_mode = static_cast<compaction>(c.compaction_mode);
+  s.seed = c.seed;
+  s.pool_width = c.pool_width;
+  s.pool_mode = static_cast<pooling>(c.pool_mode);
+  return s;
+}
+
 template <class T>
 host_kv_view<T> view_of(const contiguous_cache<T>& c) {
   const auto layout = [](const kv_layout& l) {
@@ -120,6 +141,17 @@ host_paged_kv_view<T> view_of(const paged_cache<T>& c) {
           c.page_size,
           c.num_pages,
           c.max_pages_per_sequence};
+}
+
+inline host_token_table_view view_of(const token_table& t) {
+  return {host_span<const std::int32_t>(t.indptr, entries_plus_one(t.batch)),
+          host_span<const std::int32_t>(t.indices, t.indices_size),
+          host_span<const std::int32_t>(t.last_page_len, entries(t.batch)),
+          t.batch,
+          t.kv_heads,
+          t.page_size,
+          t.num_pages,
+          t.max_pages_per_sequence};
 }
 
 template <class T>
@@ -170,6 +202,41 @@ inline eviction_state<memory_space::host> state_of(const char* fn, const state& 
   require(s.bytes >= need, fn, "state.bytes", "is ", s.bytes, ", below state_bytes(shape) = ", need);
   return scissorhands::make_state(host_span<std::byte>(static_cast<std::byte*>(s.buffer), s.bytes), shape)
       .for_batch(per_sequence(s.state_rows, entries(batch)));
+}
+
+// The model state laid over the caller's buffer, seen through the batch;
+// checked under the entry point's name, as state_of.
+inline scissorhands::model_state<memory_space::host> model_of(const char* fn, const model_state& m,
+                                                               std::int32_t batch) {
+  const scissorhands::state_shape shape = shape_of(m.shape);
+  scissorhands::detail::validate_state_shape(fn, shape);
+  const std::size_t per_layer = scissorhands::detail::offsets_of(shape).total;
+  require(m.buffer != nullptr, fn, "model.buffer", "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(m.buffer) % scissorhands::detail::state_alignment == 0, fn,
+          "model.buffer", "must be aligned to ", scissorhands::detail::state_alignment, " bytes");
+  require(m.layers > 0, fn, "model.layers", "must be positive, got ", m.layers);
+  require(m.layer_bytes == per_layer, fn, "model.layer_bytes", "must be state_bytes(shape) = ", per_layer,
+          " (make_model_state fills it), got ", m.layer_bytes);
+  require(m.bytes / per_layer >= static_cast<std::size_t>(m.layers), fn, "model.bytes", "is ", m.bytes,
+          ", below model_state_bytes(shape, layers = ", m.layers, ")");
+  return scissorhands::make_model_state(host_span<std::byte>(static_cast<std::byte*>(m.buffer), m.bytes), shape,
+                                        m.layers)
+      .for_batch(per_sequence(m.state_rows, entries(batch)));
+}
+
+// A selection's spans: arrays given as null stay empty (the library then
+// refuses the required ones by name; cache_slots is optional).
+inline eviction_selection<memory_space::host> selection_of(const selection& s, std::int32_t batch) {
+  const std::size_t n = entries(batch);
+  const std::size_t all = n * entries(s.stride);
+  const auto span_of = [](std::int32_t* p, std::size_t size) {
+    return host_span<std::int32_t>(p, p != nullptr ? size : 0);
+  };
+  return {s.stride,
+          span_of(s.counts, n),
+          span_of(s.slots, all),
+          span_of(s.cache_slots, all),
+          {span_of(s.out.new_lengths, n), span_of(s.out.freed_pages, n)}};
 }
 
 // ---- the entry points (SCISSORHANDS_BRIDGE_DEFINE forwards to these) ----------
@@ -255,6 +322,64 @@ error compress(const settings& s, const Cache& cache, const state& st, std::int3
         host_span<std::int32_t>(out.freed_pages, out.freed_pages != nullptr ? n : 0)};
     host::compress(policy_of<Policy>(s), view_of(cache), state_of("host::compress", st, cache.batch), budget,
                    host_span<std::byte>(static_cast<std::byte*>(workspace), workspace_bytes), outputs);
+  });
+}
+
+// ---- token level (SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL forwards to these) -------
+
+template <class Policy>
+error default_settings(settings* out) noexcept {
+  return guarded([&] {
+    require(out != nullptr, "bridge::default_settings", "settings", "must not be null");
+    *out = settings_of(Policy{}.config);
+  });
+}
+
+inline error model_state_bytes(const state_shape& shape, std::int32_t layers, std::size_t* bytes) noexcept {
+  return guarded([&] {
+    const std::size_t n = scissorhands::model_state_bytes(shape_of(shape), layers);
+    require(bytes != nullptr, "model_state_bytes", "bytes", "must not be null");
+    *bytes = n;
+  });
+}
+
+inline error make_model_state(void* buffer, std::size_t bytes, const state_shape& shape, std::int32_t layers,
+                              model_state* out) noexcept {
+  return guarded([&] {
+    const auto m = scissorhands::make_model_state(host_span<std::byte>(static_cast<std::byte*>(buffer), bytes),
+                                                  shape_of(shape), layers);
+    require(out != nullptr, "make_model_state", "model", "must not be null");
+    *out = {buffer, bytes, shape, layers, m.layer_bytes, nullptr};
+  });
+}
+
+inline error reset_state(const model_state& m) noexcept {
+  return guarded([&] { host::reset_state(model_of("host::reset_state", m, 0)); });
+}
+
+inline error reset_sequence(const model_state& m, std::int32_t row, std::int32_t start_position) noexcept {
+  return guarded([&] { host::reset_sequence(model_of("host::reset_sequence", m, 0), row, start_position); });
+}
+
+inline std::size_t select_workspace_bytes(const token_table& table, const state_shape& shape) noexcept {
+  return host::select_workspace_bytes(view_of(table), shape_of(shape));  // shape arithmetic only: cannot throw
+}
+
+template <class Policy>
+error select(const settings& s, const token_table& table, const model_state& m, std::int32_t budget, void* workspace,
+             std::size_t workspace_bytes, const selection& sel, const std::int32_t* pinned_prefix) noexcept {
+  return guarded([&] {
+    host::select(policy_of<Policy>(s), view_of(table), model_of("host::select", m, table.batch), budget,
+                 host_span<std::byte>(static_cast<std::byte*>(workspace), workspace_bytes),
+                 selection_of(sel, table.batch), per_sequence(pinned_prefix, entries(table.batch)));
+  });
+}
+
+template <class Policy>
+error forget(const settings& s, const token_table& table, const state& st, const selection& sel) noexcept {
+  return guarded([&] {
+    host::forget(policy_of<Policy>(s), view_of(table), state_of("host::forget", st, table.batch),
+                 selection_of(sel, table.batch));
   });
 }
 
@@ -374,3 +499,72 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
                                                              released_count);                                          \
   }                                                                                                                    \
   static_assert(true, "SCISSORHANDS_BRIDGE_DEFINE(...) takes a trailing semicolon")
+
+
+// Defines the functions SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(ns)
+// declared, for the policy given last, which must evict whole tokens for
+// the model: with_granularity<P, shared_layers<>> (P's preset settings are
+// what default_settings returns).
+#define SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(ns, ...)                                                                \
+  namespace ns {                                                                                                       \
+  using policy_type = __VA_ARGS__;                                                                                     \
+  static_assert(::scissorhands::composed_policy<policy_type> &&                                                        \
+                    ::scissorhands::granularity_of<policy_type> == ::scissorhands::granularity_kind::shared_layers,    \
+                "SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL chooses one set of slots for the whole model: give the "       \
+                "policy a shared_layers granularity, with_granularity<P, scissorhands::shared_layers<>>");             \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::default_settings(::scissorhands::bridge::settings* s) noexcept {                   \
+    return ::scissorhands::bridge::detail::default_settings<ns::policy_type>(s);                                       \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::make_state_shape(const ::scissorhands::bridge::settings& s, std::int32_t rows,     \
+                                                     std::int32_t kv_heads, std::int32_t capacity,                     \
+                                                     ::scissorhands::bridge::state_shape* shape) noexcept {            \
+    return ::scissorhands::bridge::detail::make_state_shape<ns::policy_type>(s, rows, kv_heads, capacity, shape);      \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::model_state_bytes(const ::scissorhands::bridge::state_shape& shape,                \
+                                                      std::int32_t layers, std::size_t* bytes) noexcept {              \
+    return ::scissorhands::bridge::detail::model_state_bytes(shape, layers, bytes);                                    \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::make_model_state(void* buffer, std::size_t bytes,                                  \
+                                                     const ::scissorhands::bridge::state_shape& shape,                 \
+                                                     std::int32_t layers,                                              \
+                                                     ::scissorhands::bridge::model_state* out) noexcept {              \
+    return ::scissorhands::bridge::detail::make_model_state(buffer, bytes, shape, layers, out);                        \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::reset_state(const ::scissorhands::bridge::model_state& m) noexcept {               \
+    return ::scissorhands::bridge::detail::reset_state(m);                                                             \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::reset_sequence(const ::scissorhands::bridge::model_state& m, std::int32_t row,     \
+                                                   std::int32_t start_position) noexcept {                             \
+    return ::scissorhands::bridge::detail::reset_sequence(m, row, start_position);                                     \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::admit(const ::scissorhands::bridge::settings& s,                                   \
+                                          const ::scissorhands::bridge::token_table& table,                            \
+                                          const ::scissorhands::bridge::state& st) noexcept {                          \
+    return ::scissorhands::bridge::detail::admit<ns::policy_type>(s, table, st);                                       \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_probabilities(                                                             \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::token_table& table,                     \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::probabilities& probs) noexcept {          \
+    return ::scissorhands::bridge::detail::observe_probabilities<ns::policy_type>(s, table, st, probs);                \
+  }                                                                                                                    \
+  std::size_t ns::select_workspace_bytes(const ::scissorhands::bridge::token_table& table,                             \
+                                         const ::scissorhands::bridge::state_shape& shape) noexcept {                  \
+    return ::scissorhands::bridge::detail::select_workspace_bytes(table, shape);                                       \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::select(const ::scissorhands::bridge::settings& s,                                  \
+                                           const ::scissorhands::bridge::token_table& table,                           \
+                                           const ::scissorhands::bridge::model_state& model, std::int32_t budget,      \
+                                           void* workspace, std::size_t workspace_bytes,                               \
+                                           const ::scissorhands::bridge::selection& sel,                               \
+                                           const std::int32_t* pinned_prefix) noexcept {                               \
+    return ::scissorhands::bridge::detail::select<ns::policy_type>(s, table, model, budget, workspace,                 \
+                                                                   workspace_bytes, sel, pinned_prefix);               \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::forget(const ::scissorhands::bridge::settings& s,                                  \
+                                           const ::scissorhands::bridge::token_table& table,                           \
+                                           const ::scissorhands::bridge::state& st,                                    \
+                                           const ::scissorhands::bridge::selection& sel) noexcept {                    \
+    return ::scissorhands::bridge::detail::forget<ns::policy_type>(s, table, st, sel);                                 \
+  }                                                                                                                    \
+  static_assert(true, "SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(...) takes a trailing semicolon")
