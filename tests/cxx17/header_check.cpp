@@ -38,3 +38,15 @@ static_assert(std::is_same_v<header_check::u16::element_type, unsigned short>);
 static_assert(br::kv_layout::nhd(16, 2, 8).token_stride == 16 && br::paged_layout::hnd(4, 2, 8).head_stride == 32);
 static_assert(br::length_after_compress(10, 10, 2) == 8 && br::length_after_compress(9, 10, 2) == 9);
 static_assert(br::state_capacity_for(10, 7) == 16);
+
+// Token level: its own namespace, plain descriptors, noexcept calls.
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(header_check::tokens);
+static_assert(plain<br::token_table> && plain<br::model_state> && plain<br::selection>);
+static_assert(noexcept(header_check::tokens::select(br::settings{}, br::token_table{}, br::model_state{}, 0, nullptr, 0,
+                                                    br::selection{})));
+static_assert(std::is_same_v<decltype(header_check::tokens::forget(br::settings{}, br::token_table{}, br::state{},
+                                                                    br::selection{})),
+                             br::error>);
+static_assert(noexcept(header_check::tokens::select_workspace_bytes(br::token_table{}, br::state_shape{})));
+static_assert(br::max_evictions(20, 16, 2) == 6 && br::max_evictions(10, 16, 2) == 0);
+static_assert(br::model_state{}.for_batch(nullptr).layers == 0);

@@ -1,0 +1,518 @@
+// A C++17, -fno-exceptions engine shaped like llama.cpp that evicts whole
+// tokens (shared_layers) through bridge.h without handing over any K/V: a
+// pool of cells (page size 1) listed per request in position order, several
+// layers, requests arriving and leaving on state rows, a padding position,
+// prefill chunks then decode. Each step: probabilities for every layer
+// (observe_probabilities; admit first on some steps), select once, the
+// engine frees the chosen cells keeping the others in order, forget every
+// layer. The same steps run on a second copy through the C++20 host API
+// directly (token_tu.cpp); the model state and every selection must agree
+// byte for byte after every step. Then bad input: each call returns
+// invalid_argument naming the argument, with the caller's buffers
+// byte-identical; and default_settings is the policy's own. Plain main:
+// prints "N passed, M failed".
+#if __cplusplus != 201703L
+#error "token_level_test.cpp must compile as C++17"
+#endif
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#error "token_level_test.cpp must compile with -fno-exceptions"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <scissorhands/bridge/bridge.h>
+
+#include "token_scenario.h"
+
+namespace br = scissorhands::bridge;
+namespace api = cxx17_tokens::api;
+using namespace cxx17_tokens;
+
+namespace {
+
+int passed = 0, failed = 0;
+
+void check(bool ok, const char* what, const char* detail = "") {
+  if (ok) {
+    ++passed;
+  } else {
+    ++failed;
+    std::printf("FAILED: %s %s\n", what, detail);
+  }
+}
+void check_ok(const br::error& e, const char* what) { check(e.ok(), what, e.message); }
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
+  std::uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ c;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct aligned_bytes {
+  void* data = nullptr;
+  std::size_t size = 0;
+  explicit aligned_bytes(std::size_t n) : size(n) {
+    data = std::aligned_alloc(256, (n + 255) / 256 * 256);
+    if (data == nullptr) std::abort();
+    std::memset(data, 0xA5, n);
+  }
+  ~aligned_bytes() { std::free(data); }
+  aligned_bytes(const aligned_bytes&) = delete;
+  aligned_bytes& operator=(const aligned_bytes&) = delete;
+  std::vector<unsigned char> bytes() const {
+    const auto* p = static_cast<const unsigned char*>(data);
+    return {p, p + size};
+  }
+};
+
+// The settings both sides use: the policy's defaults plus m and sinks.
+br::settings step_settings() {
+  br::settings s;
+  check_ok(api::default_settings(&s), "default_settings");
+  s.evict_count = evict_count;
+  s.sinks = sinks;
+  return s;
+}
+
+// What one step leaves behind.
+struct step_record {
+  std::vector<unsigned char> model;
+  std::vector<std::int32_t> counts, slots, cache_slots, new_lengths, freed_pages;
+};
+
+// The calls of one side: through the bridge, or the C++20 reference.
+struct bridge_side {
+  br::settings settings = step_settings();
+  br::model_state model;
+  br::state_shape shape;
+  br::token_table table(const step_memory& m) const {
+    br::token_table t;
+    t.indptr = m.indptr;
+    t.indices = m.indices;
+    t.indices_size = cells;
+    t.last_page_len = m.last_page_len;
+    t.batch = batch;
+    t.kv_heads = kv_heads;
+    t.page_size = 1;
+    t.num_pages = cells;
+    t.max_pages_per_sequence = capacity;
+    return t;
+  }
+  br::selection selection(const selection_memory& s) const {
+    br::selection out;
+    out.stride = s.stride;
+    out.counts = s.counts;
+    out.slots = s.slots;
+    out.cache_slots = s.cache_slots;
+    out.out = {s.new_lengths, s.freed_pages};
+    return out;
+  }
+  std::size_t model_bytes() {
+    check_ok(api::make_state_shape(settings, rows, kv_heads, capacity, &shape), "make_state_shape");
+    std::size_t bytes = 0;
+    check_ok(api::model_state_bytes(shape, layers, &bytes), "model_state_bytes");
+    return bytes;
+  }
+  std::size_t workspace_bytes() {
+    return api::select_workspace_bytes(
+        br::token_table{nullptr, nullptr, 0, nullptr, batch, kv_heads, 1, cells, capacity}, shape);
+  }
+  bool reset(void* buffer, std::size_t bytes) {
+    check_ok(api::make_model_state(buffer, bytes, shape, layers, &model), "make_model_state");
+    return api::reset_state(model).ok();
+  }
+  bool reset_sequence(void*, std::size_t, std::int32_t row, std::int32_t start) {
+    return api::reset_sequence(model, row, start).ok();
+  }
+  bool admit(const step_memory& m, std::int32_t l) {
+    return api::admit(settings, table(m), model.for_batch(m.state_rows).layer(l)).ok();
+  }
+  bool observe(const step_memory& m, std::int32_t l, const float* probs, std::size_t size, const std::int32_t* qo,
+               std::int32_t columns) {
+    return api::observe_probabilities(settings, table(m), model.for_batch(m.state_rows).layer(l),
+                                      br::probabilities::ragged(probs, size, qo, q_heads, columns))
+        .ok();
+  }
+  bool select(const step_memory& m, void* ws, std::size_t ws_bytes, const selection_memory& s,
+              const std::int32_t* pins) {
+    return api::select(settings, table(m), model.for_batch(m.state_rows), budget, ws, ws_bytes, selection(s), pins)
+        .ok();
+  }
+  bool forget(const step_memory& m, std::int32_t l, const selection_memory& s) {
+    return api::forget(settings, table(m), model.for_batch(m.state_rows).layer(l), selection(s)).ok();
+  }
+};
+
+struct reference_side {
+  std::size_t model_bytes() { return reference_model_bytes(); }
+  std::size_t workspace_bytes() { return reference_workspace_bytes(); }
+  bool reset(void* buffer, std::size_t bytes) { return reference_reset(buffer, bytes); }
+  bool reset_sequence(void* buffer, std::size_t bytes, std::int32_t row, std::int32_t start) {
+    return reference_reset_sequence(buffer, bytes, row, start);
+  }
+  bool admit(const step_memory& m, std::int32_t l) { return reference_admit(m, l); }
+  bool observe(const step_memory& m, std::int32_t l, const float* probs, std::size_t size, const std::int32_t* qo,
+               std::int32_t columns) {
+    return reference_observe(m, l, probs, size, qo, columns);
+  }
+  bool select(const step_memory& m, void* ws, std::size_t ws_bytes, const selection_memory& s,
+              const std::int32_t* pins) {
+    return reference_select(m, ws, ws_bytes, s, pins);
+  }
+  bool forget(const step_memory& m, std::int32_t l, const selection_memory& s) { return reference_forget(m, l, s); }
+};
+
+constexpr std::int32_t steps = 70;
+constexpr std::int32_t stride = br::max_evictions(capacity, budget, evict_count);
+
+// The engine: its cells, its requests, its table; drives one side.
+struct engine {
+  std::vector<std::vector<std::int32_t>> cells_of = std::vector<std::vector<std::int32_t>>(rows);
+  std::vector<bool> active = std::vector<bool>(rows, false);
+  std::vector<std::int32_t> free_cells;
+  std::vector<std::int32_t> indptr = std::vector<std::int32_t>(batch + 1, 0);
+  std::vector<std::int32_t> indices = std::vector<std::int32_t>(cells, -1);
+  std::vector<std::int32_t> last = std::vector<std::int32_t>(batch, 0);
+  std::vector<std::int32_t> state_rows = std::vector<std::int32_t>(batch, -1);
+  std::vector<std::int32_t> qo = std::vector<std::int32_t>(batch + 1, 0);
+  std::vector<std::int32_t> pinned = std::vector<std::int32_t>(batch, 0);
+  std::vector<std::int32_t> counts = std::vector<std::int32_t>(batch),
+                            slots = std::vector<std::int32_t>(batch * stride),
+                            cache_slots = std::vector<std::int32_t>(batch * stride),
+                            new_lengths = std::vector<std::int32_t>(batch),
+                            freed_pages = std::vector<std::int32_t>(batch);
+  std::vector<float> probs;
+  std::int32_t columns = 1;
+
+  engine() {
+    for (std::int32_t c = 0; c < cells; ++c) free_cells.push_back(c);
+    for (std::size_t i = free_cells.size(); i > 1; --i) std::swap(free_cells[i - 1], free_cells[mix(7, i) % i]);
+  }
+  selection_memory selection() {
+    return {stride, counts.data(), slots.data(), cache_slots.data(), new_lengths.data(), freed_pages.data()};
+  }
+
+  // The step's arrivals, departures, appends and table (the same on both sides).
+  template <class Side>
+  void begin_step(Side& side, aligned_bytes& model, std::int32_t step) {
+    for (std::int32_t r = 0; r < rows; ++r) {
+      if (active[r] && mix(step, 1, r) % 30 == 0) {
+        for (std::int32_t c : cells_of[r]) free_cells.push_back(c);
+        cells_of[r].clear();
+        active[r] = false;
+      } else if (!active[r] && mix(step, 2, r) % 3 == 0) {
+        active[r] = true;
+        check(side.reset_sequence(model.data, model.size, r, static_cast<std::int32_t>(mix(step, 3, r) % 4)),
+              "reset_sequence");
+      }
+    }
+    std::vector<std::int32_t> order;
+    for (std::int32_t r = 0; r < rows; ++r)
+      if (active[r]) order.push_back(r);
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[mix(step, 4, i) % i]);
+    if (order.size() > std::size_t{batch - 1}) order.resize(std::size_t{batch - 1});
+    while (order.size() < std::size_t{batch}) order.push_back(-1);
+    std::int32_t used = 0;
+    columns = 1;
+    for (std::int32_t b = 0; b < batch; ++b) {
+      const std::int32_t r = order[b];
+      state_rows[b] = r;
+      std::int32_t q = 0;
+      if (r >= 0) {
+        q = cells_of[r].size() < 8 ? 1 + static_cast<std::int32_t>(mix(step, 5, b) % max_step_tokens) : 1;
+        for (std::int32_t i = 0; i < q; ++i) {
+          cells_of[r].push_back(free_cells.back());
+          free_cells.pop_back();
+        }
+      }
+      qo[b + 1] = qo[b] + q;
+      const auto n = r >= 0 ? static_cast<std::int32_t>(cells_of[r].size()) : 0;
+      for (std::int32_t i = 0; i < n; ++i) indices[used + i] = cells_of[r][i];
+      used += n;
+      indptr[b + 1] = used;
+      last[b] = n > 0 ? 1 : 0;
+      columns = std::max(columns, n);
+      pinned[b] = std::min(n, static_cast<std::int32_t>(mix(step, 6, b) % 3));
+    }
+  }
+  // Layer l's probabilities: rows summing to 1 over the visible cells.
+  void fill_probabilities(std::int32_t step, std::int32_t l) {
+    probs.assign(static_cast<std::size_t>(qo[batch]) * q_heads * columns, 0.0f);
+    for (std::int32_t b = 0; b < batch; ++b) {
+      const std::int32_t len = indptr[b + 1] - indptr[b], q_len = qo[b + 1] - qo[b];
+      for (std::int32_t qh = 0; qh < q_heads; ++qh)
+        for (std::int32_t j = 0; j < q_len; ++j) {
+          float* row = probs.data() + (static_cast<std::size_t>(qo[b] + j) * q_heads + qh) * columns;
+          const std::int32_t visible = len - q_len + j + 1;
+          float sum = 0.0f;
+          for (std::int32_t t = 0; t < visible; ++t) {
+            row[t] =
+                0.01f + static_cast<float>(mix(step, 100 + l, (qh * 64 + j) * 4096 + b * 512 + t) >> 40) * 0x1p-24f;
+            sum += row[t];
+          }
+          for (std::int32_t t = 0; t < visible; ++t) row[t] /= sum;
+        }
+    }
+  }
+  // Frees the selected cells, keeping the others in order; checks that
+  // cache_slots name the cells.
+  void free_selected() {
+    for (std::int32_t b = 0; b < batch; ++b) {
+      const std::int32_t r = state_rows[b];
+      if (r < 0 || counts[b] == 0) continue;
+      std::vector<std::int32_t> kept;
+      std::int32_t k = 0;
+      bool named = true;
+      for (std::int32_t t = 0; t < static_cast<std::int32_t>(cells_of[r].size()); ++t) {
+        if (k < counts[b] && slots[b * stride + k] == t) {
+          named &= cache_slots[b * stride + k] == cells_of[r][t];
+          free_cells.push_back(cells_of[r][t]);
+          ++k;
+        } else {
+          kept.push_back(cells_of[r][t]);
+        }
+      }
+      check(named && k == counts[b] && static_cast<std::int32_t>(kept.size()) == new_lengths[b],
+            "selection names the cells it frees");
+      cells_of[r] = kept;
+    }
+  }
+
+  template <class Side>
+  std::vector<step_record> run(Side& side) {
+    aligned_bytes model(side.model_bytes());
+    check(side.reset(model.data, model.size), "reset");
+    aligned_bytes workspace(side.workspace_bytes());
+    std::vector<step_record> records;
+    for (std::int32_t step = 0; step < steps; ++step) {
+      begin_step(side, model, step);
+      const step_memory m{indptr.data(), indices.data(), last.data(), state_rows.data(), model.data, model.size};
+      for (std::int32_t l = 0; l < layers; ++l) {
+        if (step % 5 == 0) check(side.admit(m, l), "admit");
+        fill_probabilities(step, l);
+        check(side.observe(m, l, probs.data(), probs.size(), qo.data(), columns), "observe_probabilities");
+      }
+      std::fill(counts.begin(), counts.end(), -7);
+      std::fill(slots.begin(), slots.end(), -7);
+      std::fill(cache_slots.begin(), cache_slots.end(), -7);
+      std::fill(new_lengths.begin(), new_lengths.end(), -7);
+      std::fill(freed_pages.begin(), freed_pages.end(), -7);
+      check(side.select(m, workspace.data, workspace.size, selection(), pinned.data()), "select");
+      for (std::int32_t l = 0; l < layers; ++l) check(side.forget(m, l, selection()), "forget");
+      free_selected();
+      records.push_back({model.bytes(), counts, slots, cache_slots, new_lengths, freed_pages});
+    }
+    return records;
+  }
+};
+
+void compare_runs() {
+  bridge_side bridged;
+  reference_side reference;
+  check(bridged.model_bytes() == reference.model_bytes(), "model_state_bytes matches the library's");
+  check(bridged.workspace_bytes() == reference.workspace_bytes(), "select_workspace_bytes matches the library's");
+  engine a, b;
+  const std::vector<step_record> through_bridge = a.run(bridged);
+  const std::vector<step_record> direct = b.run(reference);
+  std::int32_t evicted = 0;
+  for (std::size_t s = 0; s < through_bridge.size(); ++s) {
+    const step_record& x = through_bridge[s];
+    const step_record& y = direct[s];
+    char what[64];
+    std::snprintf(what, sizeof what, "step %zu", s);
+    check(x.model == y.model, what, "model state bytes differ");
+    check(x.counts == y.counts && x.slots == y.slots && x.cache_slots == y.cache_slots, what, "selection differs");
+    check(x.new_lengths == y.new_lengths && x.freed_pages == y.freed_pages, what, "outputs differ");
+    for (std::int32_t c : x.counts) evicted += c > 0 ? c : 0;
+  }
+  check(evicted > 60, "the scenario evicts");
+  std::printf("token level: %zu steps, %d tokens evicted\n", through_bridge.size(), evicted);
+}
+
+// Refused calls: invalid_argument naming `argument`, and nothing written
+// (the model state and the selection buffers byte-identical).
+struct refusals {
+  bridge_side side;
+  engine e;
+  aligned_bytes model{side.model_bytes()};
+  aligned_bytes workspace{side.workspace_bytes()};
+
+  refusals() {
+    check(side.reset(model.data, model.size), "reset");
+    begin();
+  }
+  void begin() {
+    e.begin_step(side, model, 0);
+    e.begin_step(side, model, 1);
+    const step_memory m = memory();
+    for (std::int32_t l = 0; l < layers; ++l) check(side.admit(m, l), "admit");
+  }
+  step_memory memory() {
+    return {e.indptr.data(), e.indices.data(), e.last.data(), e.state_rows.data(), model.data, model.size};
+  }
+  template <class Call>
+  void expect(const char* name, const char* argument, Call&& call) {
+    const std::vector<unsigned char> before = model.bytes();
+    const engine copy = e;
+    const br::error err = call();
+    const bool named = err.code == br::error_code::invalid_argument && std::strcmp(err.argument, argument) == 0 &&
+                       err.function[0] != '\0';
+    check(named, name, err.message[0] != '\0' ? err.message : "(accepted)");
+    check(model.bytes() == before && copy.counts == e.counts && copy.slots == e.slots &&
+              copy.cache_slots == e.cache_slots && copy.new_lengths == e.new_lengths &&
+              copy.freed_pages == e.freed_pages && copy.indices == e.indices && copy.indptr == e.indptr,
+          name, "wrote something");
+  }
+  void run() {
+    const step_memory m = memory();
+    const br::settings s = side.settings;
+    const br::token_table table = side.table(m);
+    const br::model_state model_d = side.model.for_batch(m.state_rows);
+    const br::selection sel = side.selection(e.selection());
+    std::fill(e.counts.begin(), e.counts.end(), 0);  // a selection of nothing (forget's input)
+    const auto select = [&](const br::token_table& t, const br::model_state& md, std::int32_t budget_,
+                            std::size_t ws_bytes, const br::selection& out, const std::int32_t* pins) {
+      return api::select(s, t, md, budget_, workspace.data, ws_bytes, out, pins);
+    };
+
+    br::token_table t = table;
+    t.indptr = nullptr;
+    expect("admit: null indptr", "cache.indptr", [&] { return api::admit(s, t, model_d.layer(0)); });
+    t = table;
+    std::vector<std::int32_t> bad_indices = e.indices;
+    bad_indices[0] = cells;
+    t.indices = bad_indices.data();
+    expect("select: a cell outside the pool", "cache.indices",
+           [&] { return select(t, model_d, budget, workspace.size, sel, nullptr); });
+    t = table;
+    std::vector<std::int32_t> bad_last = e.last;
+    bad_last[0] = 2;
+    t.last_page_len = bad_last.data();
+    expect("observe_probabilities: last_page_len 2 at page size 1", "cache.last_page_len", [&] {
+      return api::observe_probabilities(s, t, model_d.layer(1),
+                                        br::probabilities::ragged(nullptr, 0, e.qo.data(), q_heads, 1));
+    });
+    t = table;
+    t.kv_heads = 1;
+    expect("forget: a table of 1 KV head", "state.shape.kv_heads",
+           [&] { return api::forget(s, t, model_d.layer(2), sel); });
+    t = table;
+    t.page_size = 0;
+    expect("select: page size 0", "cache.page_size",
+           [&] { return select(t, model_d, budget, workspace.size, sel, nullptr); });
+    t = table;
+    t.indices_size = 1;
+    expect("admit: indices shorter than indptr[batch]", "cache.indices",
+           [&] { return api::admit(s, t, model_d.layer(0)); });
+
+    std::vector<float> nan_probs(static_cast<std::size_t>(e.qo[batch]) * q_heads * 32, 0.0f);
+    nan_probs[0] = 2.0f;
+    expect("observe_probabilities: a probability above 1", "probs", [&] {
+      return api::observe_probabilities(
+          s, table, model_d.layer(0),
+          br::probabilities::ragged(nan_probs.data(), nan_probs.size(), e.qo.data(), q_heads, 32));
+    });
+
+    br::selection bad = sel;
+    bad.stride = stride - 1;
+    expect("select: stride below max_evictions", "selection.stride",
+           [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    bad = sel;
+    bad.counts = nullptr;
+    expect("select: null counts", "selection.counts",
+           [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    bad = sel;
+    bad.out.freed_pages = nullptr;
+    expect("select: null freed_pages", "selection.out.freed_pages",
+           [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    bad = sel;
+    bad.cache_slots = e.counts.data();
+    expect("select: cache_slots over counts", "selection.cache_slots",
+           [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    expect("select: budget at the protected tokens", "budget",
+           [&] { return select(table, model_d, s.recent + s.sinks, workspace.size, sel, nullptr); });
+    expect("select: workspace too small", "workspace", [&] { return select(table, model_d, budget, 8, sel, nullptr); });
+    std::vector<std::int32_t> pins(batch, 0);
+    pins[0] = -1;
+    expect("select: negative pinned prefix", "pinned_prefix",
+           [&] { return select(table, model_d, budget, workspace.size, sel, pins.data()); });
+
+    br::model_state md = model_d;
+    md.layer_bytes += 256;
+    expect("select: layer_bytes not the shape's", "model.layer_bytes",
+           [&] { return select(table, md, budget, workspace.size, sel, nullptr); });
+    md = model_d;
+    md.bytes -= 1;
+    expect("select: model buffer below model_state_bytes", "model.bytes",
+           [&] { return select(table, md, budget, workspace.size, sel, nullptr); });
+    md = model_d;
+    md.buffer = static_cast<unsigned char*>(md.buffer) + 8;
+    expect("select: misaligned model buffer", "model.buffer",
+           [&] { return select(table, md, budget, workspace.size, sel, nullptr); });
+    md = model_d;
+    md.layers = 0;
+    expect("reset_state: no layers", "model.layers", [&] { return api::reset_state(md); });
+    expect("reset_sequence: row out of range", "row", [&] { return api::reset_sequence(model_d, rows, 0); });
+    br::state layer_state = model_d.layer(1);
+    layer_state.bytes -= 1;
+    expect("admit: a layer state below state_bytes", "state.bytes", [&] { return api::admit(s, table, layer_state); });
+
+    // forget: a selection that names a slot beyond the sequence.
+    for (std::int32_t b = 0; b < batch; ++b)
+      if (e.indptr[b + 1] > e.indptr[b]) {
+        e.counts[b] = 1;
+        e.slots[b * stride] = e.indptr[b + 1] - e.indptr[b];
+        break;
+      }
+    expect("forget: a slot beyond the length", "selection.slots",
+           [&] { return api::forget(s, table, model_d.layer(0), sel); });
+    std::fill(e.counts.begin(), e.counts.end(), 0);
+
+    // Set-up calls.
+    br::state_shape shape = side.shape;
+    std::size_t bytes = 0;
+    expect("model_state_bytes: no layers", "layers", [&] { return api::model_state_bytes(shape, 0, &bytes); });
+    expect("model_state_bytes: null out", "bytes", [&] { return api::model_state_bytes(shape, layers, nullptr); });
+    br::model_state out;
+    aligned_bytes small(model.size - 256);
+    expect("make_model_state: buffer too small", "buffer",
+           [&] { return api::make_model_state(small.data, small.size, shape, layers, &out); });
+    check(out.buffer == nullptr && out.layer_bytes == 0, "make_model_state: refused, out untouched");
+    expect("default_settings: null", "settings", [&] { return api::default_settings(nullptr); });
+    br::settings bad_settings = s;
+    bad_settings.evict_count = 0;
+    expect("make_state_shape: m = 0", "settings.evict_count",
+           [&] { return api::make_state_shape(bad_settings, rows, kv_heads, capacity, &shape); });
+  }
+};
+
+void default_settings_are_the_policys() {
+  br::settings mine, theirs;
+  check_ok(api::default_settings(&mine), "default_settings");
+  reference_default_settings(&theirs);
+  check(mine.window == theirs.window && mine.recent == theirs.recent && mine.sinks == theirs.sinks &&
+            mine.evict_count == theirs.evict_count && mine.alpha == theirs.alpha && mine.decay == theirs.decay &&
+            mine.normalize == theirs.normalize && mine.compaction_mode == theirs.compaction_mode &&
+            mine.seed == theirs.seed && mine.pool_width == theirs.pool_width && mine.pool_mode == theirs.pool_mode,
+        "default_settings is Policy{}.config field by field");
+  // scissorhands_policy's measured numbers, not bridge::settings{}'s (the paper's).
+  check(mine.window == 25 && mine.alpha == 2.0f && mine.normalize && br::settings{}.window == 400,
+        "default_settings gives the preset's numbers");
+}
+
+}  // namespace
+
+int main() {
+  default_settings_are_the_policys();
+  compare_runs();
+  refusals r;
+  r.run();
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
