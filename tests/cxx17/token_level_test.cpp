@@ -291,6 +291,8 @@ struct engine {
     aligned_bytes workspace(side.workspace_bytes());
     std::vector<step_record> records;
     for (std::int32_t step = 0; step < steps; ++step) {
+      // A refused call leaves the engine unshrunk: stop before the pool runs dry.
+      if (failed > 0) break;
       begin_step(side, model, step);
       const step_memory m{indptr.data(), indices.data(), last.data(), state_rows.data(), model.data, model.size};
       for (std::int32_t l = 0; l < layers; ++l) {
@@ -320,8 +322,10 @@ void compare_runs() {
   engine a, b;
   const std::vector<step_record> through_bridge = a.run(bridged);
   const std::vector<step_record> direct = b.run(reference);
+  check(through_bridge.size() == static_cast<std::size_t>(steps) && direct.size() == through_bridge.size(),
+        "both runs complete every step");
   std::int32_t evicted = 0;
-  for (std::size_t s = 0; s < through_bridge.size(); ++s) {
+  for (std::size_t s = 0; s < std::min(through_bridge.size(), direct.size()); ++s) {
     const step_record& x = through_bridge[s];
     const step_record& y = direct[s];
     char what[64];
