@@ -1,8 +1,8 @@
 // token_table_view (a page table without K/V, llama.cpp's cells): the same
 // random multi-step shared_layers scenario of a slot-allocator engine runs
 // on a paged_kv_view of page size 1 over real K/V pools and on a
-// token_table_view over the same table; states, selections and outputs must
-// agree bit for bit after every step. Then a bad table is refused by name,
+// token_table_view over the same table; states, local_scores, selections
+// and outputs must agree bit for bit after every step. Then a bad table is refused by name,
 // and the calls that need K/V do not take the table view (compile time).
 #include <catch2/catch.hpp>
 
@@ -34,6 +34,7 @@ static_assert(requires(shared_policy p, table_view c, sh::model_state<host> m, s
   sh::host::admit(p, c, s);
   sh::host::select(p, c, m, 8, ws, sel);
   sh::host::forget(p, c, s, sel);
+  sh::host::local_scores(p, c, m, 8, sh::partial_scores<host>{});
   sh::host::select_workspace_bytes(c, m.shape());
 });
 
@@ -56,6 +57,7 @@ struct run_record {
   std::vector<std::vector<std::byte>> states;  // the model state after every step
   std::vector<selection_record> selections;
   std::vector<std::vector<std::int32_t>> tables;  // indices after every step
+  std::vector<std::vector<float>> partials;       // local_scores before every select
 };
 
 template <class Policy>
@@ -190,6 +192,14 @@ run_record run(const Policy& policy, const scenario& sc, bool table_only) {
           sh::host::admit(policy, view_of(l), step_model.layer(l));
       }
     }
+    // Tensor parallelism's share of select (one rank: every head), before select.
+    std::vector<float> partial(sh::partial_score_count(L, B, shape.capacity), -3.0f);
+    const sh::partial_scores<host> ps{{partial.data(), partial.size()}, L, B, shape.capacity, H};
+    if (table_only)
+      sh::host::local_scores(policy, table, step_model, sc.budget, ps);
+    else
+      sh::host::local_scores(policy, view_of(0), step_model, sc.budget, ps);
+    record.partials.push_back(partial);
     // Once: select, with the engine's workspace sized by the view it passes.
     const std::size_t ws_bytes = table_only ? sh::host::select_workspace_bytes(table, shape)
                                             : sh::host::select_workspace_bytes(view_of(0), shape);
@@ -258,6 +268,8 @@ void compare(const Policy& policy, const scenario& sc) {
     INFO("step " << s);
     REQUIRE(paged.tables[s] == table.tables[s]);
     REQUIRE(paged.selections[s] == table.selections[s]);
+    REQUIRE(std::memcmp(paged.partials[s].data(), table.partials[s].data(), paged.partials[s].size() * sizeof(float)) ==
+            0);
     REQUIRE(paged.states[s] == table.states[s]);
     for (std::int32_t c : paged.selections[s].counts) evicting_steps += c > 0;
   }
