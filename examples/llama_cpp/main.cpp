@@ -1,0 +1,562 @@
+// scissorhands_llamacpp: the library inside stock llama.cpp (the libllama
+// that `pip install llama-cpp-python==0.3.36` builds), on any GGUF it loads.
+// Subcommands: generate (bounded memory), evaluate (teacher-forced NLL over
+// policies x budgets, against the full cache and llama.cpp's context shift),
+// check-reads (the glue reads only: logits bit for bit), speed.
+// C++17, like llama.cpp; the library through its bridge. docs/llama_cpp.md.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+#include "runner.h"
+
+namespace {
+
+using namespace sh_llama;
+
+struct common_options {
+  std::string model_path;
+  std::int32_t threads = 1;
+  std::string scores = "all";
+  std::vector<std::int32_t> global_layers;
+};
+
+void add_common(CLI::App* app, common_options& c) {
+  app->add_option("--model,-m", c.model_path, "GGUF file llama.cpp loads")->required()->check(CLI::ExistingFile);
+  app->add_option("--threads,-t", c.threads, "llama.cpp threads")->capture_default_str()->check(CLI::Range(1, 256));
+  app->add_option("--scores", c.scores,
+                  "layers whose attention scores a token: all, or global (full-attention layers only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all", "global"}));
+  app->add_option("--global-layers", c.global_layers,
+                  "sliding-window models: the full-attention layers (default: llama.cpp's layout for gemma2/gemma3)");
+}
+
+struct policy_overrides {
+  std::int32_t window = -1, recent = -1, sinks = -1;
+  float alpha = -1.0f;
+  std::int32_t normalize = -1;
+};
+
+void add_overrides(CLI::App* app, policy_overrides& o) {
+  app->add_option("--window", o.window, "override the preset's window w")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--recent", o.recent, "override the preset's recent window r")->check(CLI::Range(0, 1 << 20));
+  app->add_option("--sinks", o.sinks, "override the preset's sinks s (streaming defaults to 4)")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_option("--alpha", o.alpha, "override the preset's alpha");
+  app->add_option("--normalize", o.normalize, "override the preset's normalisation (0/1)")->check(CLI::Range(0, 1));
+}
+
+// "scissorhands", "h2o", ..., "full", "context-shift"; the library presets
+// take the preset's own settings (bridge default_settings), then overrides.
+method method_of(const std::string& name, const policy_overrides& o) {
+  method m;
+  m.label = name;
+  if (name == "full") return m;
+  if (name == "context-shift") {
+    m.type = method::kind::context_shift;
+    return m;
+  }
+  m.type = method::kind::library;
+  m.policy = find_preset(name.c_str());
+  if (m.policy == nullptr)
+    throw std::invalid_argument("policy '" + name + "': not one of full, context-shift, " + preset_names());
+  const bridge::error e = m.policy->default_settings(&m.settings);
+  if (!e.ok()) throw std::runtime_error(e.message);
+  if (name == "streaming") m.settings.sinks = 4;
+  if (o.window > 0) m.settings.window = o.window;
+  if (o.recent >= 0) m.settings.recent = o.recent;
+  if (o.sinks >= 0) m.settings.sinks = o.sinks;
+  if (o.alpha > 0) m.settings.alpha = o.alpha;
+  if (o.normalize >= 0) m.settings.normalize = o.normalize != 0;
+  return m;
+}
+
+scored_layers scores_of(const std::string& s) { return s == "global" ? scored_layers::global : scored_layers::all; }
+
+struct model_handle {
+  llama_model* model = nullptr;
+  explicit model_handle(const std::string& path) {
+    llama_model_params params = llama_model_default_params();
+    params.progress_callback = [](float, void*) { return true; };
+    model = llama_model_load_from_file(path.c_str(), params);
+    if (model == nullptr) throw std::runtime_error("llama.cpp could not load " + path);
+  }
+  ~model_handle() { llama_model_free(model); }
+};
+
+std::vector<llama_token> tokenize(const llama_model* model, const std::string& text) {
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  std::vector<llama_token> out(text.size() + 16);
+  int n = llama_tokenize(vocab, text.c_str(), static_cast<std::int32_t>(text.size()), out.data(),
+                         static_cast<std::int32_t>(out.size()), true, false);
+  if (n < 0) throw std::runtime_error("llama_tokenize failed");
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::string piece(const llama_model* model, llama_token t) {
+  char buffer[256];
+  const int n = llama_token_to_piece(llama_model_get_vocab(model), t, buffer, sizeof buffer, 0, true);
+  return n > 0 ? std::string(buffer, static_cast<std::size_t>(n)) : std::string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct text {
+  std::string name;
+  std::vector<llama_token> tokens;
+};
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Texts from --text (tokenized by llama.cpp, BOS first), --tokens (ids as
+// they are) and --samples (sampled from the model), each cut to --length.
+std::vector<text> load_texts(llama_model* model, const std::vector<std::string>& text_files,
+                             const std::vector<std::string>& token_files, std::int32_t samples, std::int32_t length,
+                             std::int32_t threads, std::uint32_t seed) {
+  std::vector<text> texts;
+  const auto cut = [&](text& t, const std::string& option) {
+    if (length > 0 && static_cast<std::int32_t>(t.tokens.size()) > length) t.tokens.resize(static_cast<std::size_t>(length));
+    if (length > 0 && static_cast<std::int32_t>(t.tokens.size()) < length)
+      std::cerr << "note: " << option << " " << t.name << " has " << t.tokens.size() << " tokens, below --length "
+                << length << "\n";
+  };
+  for (const auto& f : text_files) {
+    texts.push_back({base_name(f), tokenize(model, read_file(f))});
+    cut(texts.back(), "--text");
+  }
+  for (const auto& f : token_files) {
+    std::istringstream in(read_file(f));
+    text t{base_name(f), {}};
+    for (long long id; in >> id;) t.tokens.push_back(static_cast<llama_token>(id));
+    texts.push_back(std::move(t));
+    cut(texts.back(), "--tokens");
+  }
+  // Sampled texts: temperature 1, top-p 0.9 from BOS, full cache, seed + k.
+  for (std::int32_t k = 0; k < samples; ++k) {
+    if (length <= 1) throw std::invalid_argument("--samples needs --length above 1");
+    llama_context* ctx = make_context(model, length, 1, threads, nullptr);
+    llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    llama_sampler_chain_add(sampler, llama_sampler_init_top_p(0.9f, 1));
+    llama_sampler_chain_add(sampler, llama_sampler_init_temp(1.0f));
+    llama_sampler_chain_add(sampler, llama_sampler_init_dist(seed + static_cast<std::uint32_t>(k)));
+    text t{"sample" + std::to_string(seed + static_cast<std::uint32_t>(k)),
+           {llama_vocab_bos(llama_model_get_vocab(model))}};
+    while (static_cast<std::int32_t>(t.tokens.size()) < length) {
+      llama_token last = t.tokens.back();
+      if (llama_decode(ctx, llama_batch_get_one(&last, 1)) != 0) throw std::runtime_error("sampling: decode failed");
+      t.tokens.push_back(llama_sampler_sample(sampler, ctx, -1));
+    }
+    llama_sampler_free(sampler);
+    llama_free(ctx);
+    texts.push_back(std::move(t));
+  }
+  if (texts.empty()) throw std::invalid_argument("no text: give --text, --tokens or --samples");
+  return texts;
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << x;
+  return o.str();
+}
+
+// ---- evaluate ---------------------------------------------------------------------
+
+struct evaluate_options {
+  common_options common;
+  policy_overrides overrides;
+  std::vector<std::string> text_files, token_files, policies{"scissorhands", "scissorhands-paper", "h2o", "tova",
+                                                                 "streaming", "context-shift", "random"};
+  std::vector<double> budgets{6.25, 12.5, 25, 50};  // % of the text length
+  std::vector<std::int32_t> budget_tokens;          // or tokens
+  std::string protocol = "decode";
+  std::int32_t chunk = 32, samples = 0, length = 0;
+  std::uint32_t seed = 1;
+  std::string csv, save_tokens;
+};
+
+int evaluate(const evaluate_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, o.token_files, o.samples, o.length, o.common.threads, o.seed);
+  std::int32_t shortest = INT32_MAX;
+  std::size_t total_tokens = 0;
+  for (const auto& t : texts) shortest = std::min(shortest, static_cast<std::int32_t>(t.tokens.size())), total_tokens += t.tokens.size();
+  if (!o.save_tokens.empty())
+    for (const auto& t : texts) {
+      std::ofstream out(o.save_tokens + "/" + t.name + ".tokens");
+      for (llama_token id : t.tokens) out << id << "\n";
+      if (!out) throw std::runtime_error("cannot write " + o.save_tokens + "/" + t.name + ".tokens");
+    }
+  const bool prefill = o.protocol == "prefill";
+  const std::int32_t prompt = prefill ? shortest / 2 : 0;
+  std::cout << "model " << base_name(o.common.model_path) << ": " << texts.size() << " texts, " << total_tokens
+            << " tokens (shortest " << shortest << "), protocol " << o.protocol
+            << (prefill ? " (prompt " + std::to_string(prompt) + " tokens, compressed once)" : "") << ", "
+            << o.chunk << " tokens per llama_decode, scores from " << o.common.scores << " layers, "
+            << o.common.threads << " thread(s)\n";
+
+  struct cell {
+    std::string policy;
+    std::string budget_text;
+    std::int32_t budget;
+    run_result sum;
+  };
+  std::vector<std::pair<std::string, std::int32_t>> budgets;  // label, tokens (relative to the shortest text)
+  for (double p : o.budgets) budgets.push_back({fixed(p, 2) + "%", std::max(1, static_cast<std::int32_t>(std::lround(p / 100.0 * shortest)))});
+  for (std::int32_t b : o.budget_tokens) budgets.push_back({std::to_string(b), b});
+
+  const auto run_all = [&](const method& how, std::int32_t budget) {
+    run_result sum;
+    run_options run;
+    run.threads = o.common.threads;
+    run.chunk = o.chunk;
+    run.budget = budget;
+    run.prompt = prompt;
+    run.scores = scores_of(o.common.scores);
+    run.global_layers = o.common.global_layers;
+    for (const auto& t : texts) {
+      const run_result r = run_text(model.model, t.tokens, how, run);
+      if (!r.error.empty()) throw std::runtime_error(how.label + " on " + t.name + ": " + r.error);
+      sum.nll_sum += r.nll_sum;
+      sum.predictions += r.predictions;
+      sum.peak_cells = std::max(sum.peak_cells, r.peak_cells);
+      sum.evicted += r.evicted;
+      sum.seconds += r.seconds;
+      sum.library_seconds += r.library_seconds;
+      sum.decode_seconds += r.decode_seconds;
+    }
+    return sum;
+  };
+  const auto clock_start = std::chrono::steady_clock::now();
+  const run_result full = run_all(method_of("full", o.overrides), shortest);
+  std::cerr << "full cache: NLL " << fixed(full.nll(), 4) << " (" << fixed(full.seconds, 1) << " s)\n";
+  std::vector<cell> cells;
+  for (const auto& name : o.policies) {
+    if (prefill && name == "context-shift") continue;  // llama.cpp shifts while decoding only
+    const method how = method_of(name, o.overrides);
+    for (const auto& [label, tokens] : budgets) {
+      cells.push_back({name, label, tokens, run_all(how, tokens)});
+      const auto& r = cells.back().sum;
+      std::cerr << name << " @ " << label << " (" << tokens << " cells): NLL " << fixed(r.nll(), 4) << " ("
+                << fixed(100.0 * (r.nll() / full.nll() - 1.0), 2) << "%), " << fixed(r.seconds, 1) << " s, "
+                << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count(), 0)
+                << " s so far\n";
+    }
+  }
+  // Table: rows = policies, columns = budgets; NLL increase over the full cache.
+  std::cout << "\nfull cache NLL " << fixed(full.nll(), 4) << " over " << full.predictions << " predictions\n\n| policy |";
+  for (const auto& b : budgets) std::cout << " " << b.first << " |";
+  std::cout << "\n|---|";
+  for (std::size_t i = 0; i < budgets.size(); ++i) std::cout << "---|";
+  std::cout << "\n";
+  for (const auto& name : o.policies) {
+    bool any = false;
+    std::ostringstream row;
+    row << "| " << name << " |";
+    for (const auto& b : budgets)
+      for (const auto& c : cells)
+        if (c.policy == name && c.budget_text == b.first) {
+          row << " +" << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 2) << "% |";
+          any = true;
+        }
+    if (any) std::cout << row.str() << "\n";
+  }
+  if (!o.csv.empty()) {
+    std::ofstream csv(o.csv);
+    csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
+           "evicted,seconds,library_seconds\n";
+    csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
+        << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
+        << ",0," << fixed(full.seconds, 2) << ",0\n";
+    for (const auto& c : cells)
+      csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
+          << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
+          << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
+          << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
+          << fixed(c.sum.library_seconds, 3) << "\n";
+    std::cout << "wrote " << o.csv << "\n";
+  }
+  return 0;
+}
+
+// ---- check-reads ------------------------------------------------------------------
+
+struct check_options {
+  common_options common;
+  std::vector<std::string> text_files, token_files;
+  std::int32_t length = 256, chunk = 32;
+  std::string policy = "scissorhands";
+};
+
+// The glue with a budget above the text: it observes every layer and never
+// evicts. Every logit must equal the stock run's (no callback), bit for bit.
+int check_reads(const check_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, o.token_files, 0, o.length, o.common.threads, 1);
+  std::int64_t compared = 0, differ = 0, checks = 0;
+  for (const auto& t : texts) {
+    run_options run;
+    run.threads = o.common.threads;
+    run.chunk = o.chunk;
+    run.budget = static_cast<std::int32_t>(t.tokens.size()) + 1;
+    run.scores = scores_of(o.common.scores);
+    run.global_layers = o.common.global_layers;
+    run.keep_logits = true;
+    const run_result stock = run_text(model.model, t.tokens, method_of("full", {}), run);
+    run_options with = run;
+    const run_result glue = run_text(model.model, t.tokens, method_of(o.policy, {}), with);
+    if (!stock.error.empty() || !glue.error.empty())
+      throw std::runtime_error(t.name + ": " + stock.error + glue.error);
+    if (glue.evicted != 0) throw std::runtime_error("the glue evicted below a budget above the text");
+    compared += static_cast<std::int64_t>(stock.logits.size());
+    checks += glue.mask_checks;
+    for (std::size_t i = 0; i < stock.logits.size() && i < glue.logits.size(); ++i)
+      differ += std::memcmp(&stock.logits[i], &glue.logits[i], sizeof(float)) != 0;
+    differ += static_cast<std::int64_t>(std::max(stock.logits.size(), glue.logits.size()) -
+                                        std::min(stock.logits.size(), glue.logits.size()));
+    std::cout << t.name << ": " << t.tokens.size() << " tokens, " << stock.logits.size()
+              << " logits compared, NLL " << fixed(stock.nll(), 6) << " / " << fixed(glue.nll(), 6) << "\n";
+  }
+  std::cout << "reads only (" << o.policy << ", observing " << o.common.scores << " layers, " << checks
+            << " mask checks): " << compared - differ << " of " << compared << " logits identical bit for bit\n";
+  return differ == 0 ? 0 : 1;
+}
+
+// ---- generate ---------------------------------------------------------------------
+
+struct generate_options {
+  common_options common;
+  policy_overrides overrides;
+  std::string prompt = "Once upon a time,";
+  std::string policy = "scissorhands";
+  std::int32_t tokens = 200, n_ctx = 256, budget = 0;
+  std::uint32_t seed = 42;
+  float temperature = 0.8f;
+  bool quiet = false;
+};
+
+// A context of n_ctx cells serving far more generated tokens: one token per
+// llama_decode, one eviction a step at the budget (B = n_ctx by default).
+int generate(const generate_options& o) {
+  model_handle model(o.common.model_path);
+  const method how = method_of(o.policy, o.overrides);
+  if (how.type != method::kind::library) throw std::invalid_argument("generate: --policy must be a library preset");
+  const std::int32_t budget = o.budget > 0 ? o.budget : o.n_ctx;
+  glue_options options;
+  options.budget = budget;
+  options.max_step_tokens = 1;
+  options.scores = scores_of(o.common.scores);
+  options.global_layers = o.common.global_layers;
+  bridge::settings settings = how.settings;
+  settings.evict_count = 1;
+  const std::vector<llama_token> prompt = tokenize(model.model, o.prompt);
+  if (static_cast<std::int32_t>(prompt.size()) >= budget)
+    throw std::invalid_argument("the prompt's " + std::to_string(prompt.size()) + " tokens reach the budget " +
+                                std::to_string(budget));
+  eviction_glue glue(model.model, how.policy, settings, options);
+  if (!glue.ok()) throw std::runtime_error(glue.error());
+  llama_context* ctx = make_context(model.model, o.n_ctx, 1, o.common.threads, &glue);
+  if (ctx == nullptr || !glue.attach(ctx)) throw std::runtime_error("context: " + glue.error());
+  llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
+  llama_sampler_chain_add(sampler, llama_sampler_init_top_k(40));
+  llama_sampler_chain_add(sampler, llama_sampler_init_penalties(llama_vocab_n_tokens(llama_model_get_vocab(model.model)), 64, 1.3f, 0.0f, 0.0f));
+  llama_sampler_chain_add(sampler, llama_sampler_init_temp(o.temperature));
+  llama_sampler_chain_add(sampler, llama_sampler_init_dist(o.seed));
+  std::int32_t peak = 0, over_budget = 0, failures = 0;
+  std::string out;
+  const auto start = std::chrono::steady_clock::now();
+  llama_pos n_past = 0;
+  std::vector<llama_token> feed(prompt);
+  for (llama_token t : prompt) out += piece(model.model, t);
+  std::int32_t generated = 0;
+  double decode_seconds = 0;
+  while (generated < o.tokens) {
+    for (llama_token t : feed) {  // the prompt one token a step too (one ubatch of 1)
+      llama_batch batch = llama_batch_get_one(&t, 1);
+      (void)batch;
+      llama_batch b = llama_batch_init(1, 0, 1);
+      b.n_tokens = 1;
+      b.token[0] = t;
+      b.pos[0] = n_past;
+      b.n_seq_id[0] = 1;
+      b.seq_id[0][0] = 0;
+      b.logits[0] = 1;
+      const auto d = std::chrono::steady_clock::now();
+      const int rc = llama_decode(ctx, b);
+      llama_batch_free(b);
+      if (rc != 0) {
+        ++failures;
+        std::cerr << "llama_decode returned " << rc << " at position " << n_past << "\n";
+        break;
+      }
+      if (!glue.after_decode()) throw std::runtime_error(glue.error());
+      ++n_past;
+      peak = std::max(peak, glue.held());
+      over_budget += glue.held() > budget;
+      if (!glue.evict()) throw std::runtime_error(glue.error());
+      decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - d).count();
+    }
+    if (failures) break;
+    const llama_token next = llama_sampler_sample(sampler, ctx, -1);
+    feed.assign(1, next);
+    out += piece(model.model, next);
+    ++generated;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.quiet) std::cout << out << "\n";
+  // The positions the cache holds are the true ones: the newest is the last token's.
+  const bool positions_true = glue.positions().back() == n_past - 1 &&
+                              llama_memory_seq_pos_max(llama_get_memory(ctx), 0) == n_past - 1;
+  std::cout << "generate: " << generated << " tokens after a " << prompt.size() << "-token prompt, n_ctx "
+            << llama_n_ctx(ctx) << " cells, budget " << budget << ", policy " << o.policy << ": peak " << peak
+            << " cells, " << over_budget << " steps above the budget, " << failures << " decode failures, "
+            << glue.evicted() << " evicted, newest position " << n_past - 1
+            << (positions_true ? " (true)" : " (WRONG)") << ", " << glue.mask_checks() << " mask checks; "
+            << fixed(n_past / decode_seconds, 1) << " tokens/s, library " << fixed(100 * glue.library_seconds() / decode_seconds, 2)
+            << "% of the step, removal " << fixed(1e6 * glue.removal_seconds() / std::max<double>(1, static_cast<double>(glue.evicted())), 2)
+            << " us a position, " << fixed(seconds, 1) << " s\n";
+  llama_sampler_free(sampler);
+  llama_free(ctx);
+  return failures == 0 && over_budget == 0 && positions_true ? 0 : 1;
+}
+
+// ---- speed ------------------------------------------------------------------------
+
+struct speed_options {
+  common_options common;
+  std::vector<std::string> text_files;
+  std::int32_t budget = 1024, tokens = 256;
+  std::string policy = "scissorhands";
+};
+
+// Decode speed at the same cache size: a prompt of `budget` tokens, then
+// `tokens` teacher-forced one a step; the stock context grows from B to
+// B + tokens cells, the glue holds B (one eviction a step).
+int speed(const speed_options& o) {
+  model_handle model(o.common.model_path);
+  auto texts = load_texts(model.model, o.text_files, {}, 0, o.budget + o.tokens, o.common.threads, 1);
+  const auto& t = texts.front().tokens;
+  if (static_cast<std::int32_t>(t.size()) < o.budget + o.tokens) throw std::invalid_argument("text too short");
+  for (const std::string& name : {std::string("full"), o.policy}) {
+    const method how = method_of(name, {});
+    // The prompt as one prefill (chunk = budget), then the decode steps; the
+    // decode part is timed by running the prompt alone first.
+    run_options run;
+    run.threads = o.common.threads;
+    run.chunk = 1;
+    run.budget = name == "full" ? o.budget + o.tokens : o.budget;
+    run.scores = scores_of(o.common.scores);
+    run.global_layers = o.common.global_layers;
+    std::vector<llama_token> all(t.begin(), t.begin() + o.budget + o.tokens);
+    std::vector<llama_token> head(t.begin(), t.begin() + o.budget);
+    const run_result whole = run_text(model.model, all, how, run);
+    const run_result prompt_only = run_text(model.model, head, how, run);
+    if (!whole.error.empty() || !prompt_only.error.empty()) throw std::runtime_error(whole.error + prompt_only.error);
+    const double decode = whole.decode_seconds - prompt_only.decode_seconds;
+    const double library = whole.library_seconds - prompt_only.library_seconds;
+    std::cout << "speed " << name << ": " << o.common.threads << " thread(s), " << o.tokens << " decode steps after "
+              << o.budget << " tokens: " << fixed(o.tokens / decode, 2) << " tokens/s";
+    if (name != "full")
+      std::cout << ", library " << fixed(100.0 * library / decode, 2) << "% of the step ("
+                << fixed(1e3 * library / o.tokens, 3) << " ms a step), removal "
+                << fixed(1e6 * whole.removal_seconds / std::max<double>(1.0, static_cast<double>(whole.evicted)), 2)
+                << " us a position, peak " << whole.peak_cells << " cells";
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"scissorhands inside stock llama.cpp (docs/llama_cpp.md)"};
+  app.require_subcommand(1);
+  evaluate_options ev;
+  auto* e = app.add_subcommand("evaluate", "teacher-forced NLL: policies x budgets, against the full cache");
+  add_common(e, ev.common);
+  add_overrides(e, ev.overrides);
+  e->add_option("--text", ev.text_files, "UTF-8 text files (tokenized by llama.cpp, BOS first)")->check(CLI::ExistingFile);
+  e->add_option("--tokens", ev.token_files, "token-id files (whitespace-separated ids)")->check(CLI::ExistingFile);
+  e->add_option("--samples", ev.samples, "texts sampled from the model (temperature 1, top-p 0.9)");
+  e->add_option("--length", ev.length, "tokens per text (cut; sampled texts' length)");
+  e->add_option("--sample-seed", ev.seed, "seed of the first sampled text")->capture_default_str();
+  e->add_option("--policies", ev.policies, "full, context-shift, " + std::string(preset_names()))->capture_default_str();
+  e->add_option("--budgets", ev.budgets, "budgets in % of the shortest text")->capture_default_str();
+  e->add_option("--budget-tokens", ev.budget_tokens, "budgets in cells (replaces --budgets when given)");
+  e->add_option("--protocol", ev.protocol, "decode or prefill (half the text, compressed once)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"decode", "prefill"}));
+  e->add_option("--chunk", ev.chunk, "tokens per llama_decode (m: evicted per trigger)")->capture_default_str()->check(CLI::Range(1, 4096));
+  e->add_option("--csv", ev.csv, "write the cells as CSV");
+  e->add_option("--save-tokens", ev.save_tokens, "write each text's token ids to DIR/<name>.tokens")
+      ->check(CLI::ExistingDirectory);
+
+  check_options ck;
+  auto* c = app.add_subcommand("check-reads", "the glue observes and never evicts: logits bit for bit");
+  add_common(c, ck.common);
+  c->add_option("--text", ck.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
+  c->add_option("--tokens", ck.token_files, "token-id files")->check(CLI::ExistingFile);
+  c->add_option("--length", ck.length, "tokens per text")->capture_default_str();
+  c->add_option("--chunk", ck.chunk, "tokens per llama_decode")->capture_default_str();
+  c->add_option("--policy", ck.policy, "preset observed")->capture_default_str();
+
+  generate_options gen;
+  auto* g = app.add_subcommand("generate", "sample text with the cache held to a budget of cells");
+  add_common(g, gen.common);
+  add_overrides(g, gen.overrides);
+  g->add_option("--prompt,-p", gen.prompt, "prompt")->capture_default_str();
+  g->add_option("--policy", gen.policy, preset_names())->capture_default_str();
+  g->add_option("-n,--tokens", gen.tokens, "tokens to generate")->capture_default_str();
+  g->add_option("--ctx", gen.n_ctx, "cells in llama.cpp's context")->capture_default_str();
+  g->add_option("--budget", gen.budget, "cells kept (default: --ctx)");
+  g->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
+  g->add_option("--temperature", gen.temperature, "sampling temperature")->capture_default_str();
+  g->add_flag("--quiet", gen.quiet, "print the summary line only");
+
+  speed_options sp;
+  auto* s = app.add_subcommand("speed", "decode tokens/s with and without eviction at the same cache size");
+  add_common(s, sp.common);
+  s->add_option("--text", sp.text_files, "text file for the prompt")->required()->check(CLI::ExistingFile);
+  s->add_option("--budget", sp.budget, "cells")->capture_default_str();
+  s->add_option("-n,--tokens", sp.tokens, "decode steps timed")->capture_default_str();
+  s->add_option("--policy", sp.policy, preset_names())->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  llama_backend_init();
+  llama_log_set([](ggml_log_level level, const char* text, void*) {
+    if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  }, nullptr);
+  try {
+    int rc = 0;
+    if (*e) rc = evaluate(ev);
+    if (*c) rc = check_reads(ck);
+    if (*g) rc = generate(gen);
+    if (*s) rc = speed(sp);
+    llama_backend_free();
+    return rc;
+  } catch (const std::exception& ex) {
+    std::cerr << "scissorhands_llamacpp: " << ex.what() << "\n";
+    return 2;
+  }
+}

