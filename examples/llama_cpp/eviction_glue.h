@@ -63,6 +63,7 @@ class eviction_glue {
   // At the budget: select once, llama_memory_seq_rm each chosen position,
   // forget on every observed layer. Below it: nothing.
   bool evict();
+  bool evict_once();
 
   const std::vector<llama_pos>& positions() const { return held_; }  // held positions, ascending
   std::int32_t held() const { return static_cast<std::int32_t>(held_.size()); }
@@ -71,6 +72,7 @@ class eviction_glue {
   double library_seconds() const { return library_seconds_; }    // gather + observe + select + forget
   double removal_seconds() const { return removal_seconds_; }    // llama_memory_seq_rm calls
   double callback_seconds() const { return callback_seconds_; }  // everything inside cb_eval
+  double evict_seconds() const { return evict_seconds_; }        // everything inside evict()
   bool is_sliding(std::int32_t layer) const { return sliding_[static_cast<std::size_t>(layer)] != 0; }
   std::int32_t scored_layer_count() const { return static_cast<std::int32_t>(scored_.size()); }
 
@@ -117,7 +119,7 @@ class eviction_glue {
   std::vector<std::int32_t> counts_, slots_, cache_slots_, new_lengths_, freed_pages_;
 
   std::int64_t evicted_ = 0, mask_checks_ = 0;
-  double library_seconds_ = 0, removal_seconds_ = 0, callback_seconds_ = 0;
+  double library_seconds_ = 0, removal_seconds_ = 0, callback_seconds_ = 0, evict_seconds_ = 0;
   std::string error_;
 };
 

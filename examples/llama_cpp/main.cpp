@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -194,6 +195,7 @@ struct evaluate_options {
   std::int32_t chunk = 32, samples = 0, length = 0;
   std::uint32_t seed = 1;
   std::string csv, save_tokens;
+  bool f32_cache = false;
 };
 
 int evaluate(const evaluate_options& o) {
@@ -223,7 +225,8 @@ int evaluate(const evaluate_options& o) {
     run_result sum;
   };
   std::vector<std::pair<std::string, std::int32_t>> budgets;  // label, tokens (relative to the shortest text)
-  for (double p : o.budgets) budgets.push_back({fixed(p, 2) + "%", std::max(1, static_cast<std::int32_t>(std::lround(p / 100.0 * shortest)))});
+  if (o.budget_tokens.empty())
+    for (double p : o.budgets) budgets.push_back({fixed(p, 2) + "%", std::max(1, static_cast<std::int32_t>(std::lround(p / 100.0 * shortest)))});
   for (std::int32_t b : o.budget_tokens) budgets.push_back({std::to_string(b), b});
 
   const auto run_all = [&](const method& how, std::int32_t budget) {
@@ -235,6 +238,7 @@ int evaluate(const evaluate_options& o) {
     run.prompt = prompt;
     run.scores = scores_of(o.common.scores);
     run.global_layers = o.common.global_layers;
+    run.f32_cache = o.f32_cache;
     for (const auto& t : texts) {
       const run_result r = run_text(model.model, t.tokens, how, run);
       if (!r.error.empty()) throw std::runtime_error(how.label + " on " + t.name + ": " + r.error);
@@ -434,7 +438,8 @@ int generate(const generate_options& o) {
             << glue.evicted() << " evicted, newest position " << n_past - 1
             << (positions_true ? " (true)" : " (WRONG)") << ", " << glue.mask_checks() << " mask checks; "
             << fixed(n_past / decode_seconds, 1) << " tokens/s, library " << fixed(100 * glue.library_seconds() / decode_seconds, 2)
-            << "% of the step, removal " << fixed(1e6 * glue.removal_seconds() / std::max<double>(1, static_cast<double>(glue.evicted())), 2)
+            << "% of the step (glue in all, callbacks and checks included: "
+            << fixed(100 * (glue.callback_seconds() + glue.evict_seconds()) / decode_seconds, 2) << "%), removal " << fixed(1e6 * glue.removal_seconds() / std::max<double>(1, static_cast<double>(glue.evicted())), 2)
             << " us a position, " << fixed(seconds, 1) << " s\n";
   llama_sampler_free(sampler);
   llama_free(ctx);
@@ -445,44 +450,83 @@ int generate(const generate_options& o) {
 
 struct speed_options {
   common_options common;
+  policy_overrides overrides;
   std::vector<std::string> text_files;
   std::int32_t budget = 1024, tokens = 256;
   std::string policy = "scissorhands";
 };
 
-// Decode speed at the same cache size: a prompt of `budget` tokens, then
-// `tokens` teacher-forced one a step; the stock context grows from B to
-// B + tokens cells, the glue holds B (one eviction a step).
+// Decode speed at the same n_ctx, with and without eviction: a prompt of
+// `budget` tokens (chunks of 256), then `tokens` teacher-forced decode steps
+// of one token, timed. Without the glue the cache grows from B to B + n
+// cells; with it, it stays at B (one eviction a step).
 int speed(const speed_options& o) {
   model_handle model(o.common.model_path);
-  auto texts = load_texts(model.model, o.text_files, {}, 0, o.budget + o.tokens, o.common.threads, 1);
+  const auto texts = load_texts(model.model, o.text_files, {}, 0, o.budget + o.tokens, o.common.threads, 1);
   const auto& t = texts.front().tokens;
-  if (static_cast<std::int32_t>(t.size()) < o.budget + o.tokens) throw std::invalid_argument("text too short");
+  if (static_cast<std::int32_t>(t.size()) < o.budget + o.tokens)
+    throw std::invalid_argument("--text holds " + std::to_string(t.size()) + " tokens, below --budget + --tokens");
+  constexpr std::int32_t prompt_chunk = 256;
+  const std::int32_t n_ctx = o.budget + o.tokens;
   for (const std::string& name : {std::string("full"), o.policy}) {
-    const method how = method_of(name, {});
-    // The prompt as one prefill (chunk = budget), then the decode steps; the
-    // decode part is timed by running the prompt alone first.
-    run_options run;
-    run.threads = o.common.threads;
-    run.chunk = 1;
-    run.budget = name == "full" ? o.budget + o.tokens : o.budget;
-    run.scores = scores_of(o.common.scores);
-    run.global_layers = o.common.global_layers;
-    std::vector<llama_token> all(t.begin(), t.begin() + o.budget + o.tokens);
-    std::vector<llama_token> head(t.begin(), t.begin() + o.budget);
-    const run_result whole = run_text(model.model, all, how, run);
-    const run_result prompt_only = run_text(model.model, head, how, run);
-    if (!whole.error.empty() || !prompt_only.error.empty()) throw std::runtime_error(whole.error + prompt_only.error);
-    const double decode = whole.decode_seconds - prompt_only.decode_seconds;
-    const double library = whole.library_seconds - prompt_only.library_seconds;
-    std::cout << "speed " << name << ": " << o.common.threads << " thread(s), " << o.tokens << " decode steps after "
-              << o.budget << " tokens: " << fixed(o.tokens / decode, 2) << " tokens/s";
-    if (name != "full")
-      std::cout << ", library " << fixed(100.0 * library / decode, 2) << "% of the step ("
-                << fixed(1e3 * library / o.tokens, 3) << " ms a step), removal "
-                << fixed(1e6 * whole.removal_seconds / std::max<double>(1.0, static_cast<double>(whole.evicted)), 2)
-                << " us a position, peak " << whole.peak_cells << " cells";
+    const method how = method_of(name, o.overrides);
+    std::unique_ptr<eviction_glue> glue;
+    if (how.type == method::kind::library) {
+      glue_options options;
+      options.budget = o.budget;
+      options.max_step_tokens = prompt_chunk;
+      options.scores = scores_of(o.common.scores);
+      options.global_layers = o.common.global_layers;
+      bridge::settings settings = how.settings;
+      settings.evict_count = 1;
+      glue = std::make_unique<eviction_glue>(model.model, how.policy, settings, options);
+      if (!glue->ok()) throw std::runtime_error(glue->error());
+    }
+    llama_context* ctx = make_context(model.model, n_ctx, prompt_chunk, o.common.threads, glue.get());
+    if (ctx == nullptr || (glue && !glue->attach(ctx))) throw std::runtime_error("context: " + (glue ? glue->error() : ""));
+    llama_batch batch = llama_batch_init(prompt_chunk, 0, 1);
+    double decode = 0.0, glue_before = 0.0, library_before = 0.0;
+    std::int64_t evicted_before = 0;
+    double removal_before = 0.0;
+    for (std::int32_t at = 0; at < n_ctx;) {
+      const bool timed = at >= o.budget;
+      if (timed && glue && at == o.budget) {
+        glue_before = glue->callback_seconds() + glue->evict_seconds();
+        library_before = glue->library_seconds();
+        removal_before = glue->removal_seconds();
+        evicted_before = glue->evicted();
+      }
+      const std::int32_t count = timed ? 1 : std::min(prompt_chunk, o.budget - at);
+      batch.n_tokens = count;
+      for (std::int32_t j = 0; j < count; ++j) {
+        batch.token[j] = t[static_cast<std::size_t>(at + j)];
+        batch.pos[j] = at + j;
+        batch.n_seq_id[j] = 1;
+        batch.seq_id[j][0] = 0;
+        batch.logits[j] = j == count - 1;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed");
+      if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());
+      if (timed) decode += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      at += count;
+    }
+    std::cout << "speed " << name << ": " << o.common.threads << " thread(s), n_ctx " << llama_n_ctx(ctx) << ", "
+              << o.tokens << " decode steps after " << o.budget << " tokens: " << fixed(o.tokens / decode, 2)
+              << " tokens/s";
+    if (glue) {
+      const double library = glue->library_seconds() - library_before;
+      const double all = glue->callback_seconds() + glue->evict_seconds() - glue_before;
+      const double removals = static_cast<double>(glue->evicted() - evicted_before);
+      std::cout << ", " << glue->held() << " cells held; library (gather, observe, select, forget) "
+                << fixed(100.0 * library / decode, 2) << "% of the step (" << fixed(1e3 * library / o.tokens, 3)
+                << " ms), the glue in all (callbacks, tensor reads, checks, removal) " << fixed(100.0 * all / decode, 2)
+                << "%, llama_memory_seq_rm " << fixed(1e6 * (glue->removal_seconds() - removal_before) / std::max(1.0, removals), 2)
+                << " us a position";
+    }
     std::cout << "\n";
+    llama_batch_free(batch);
+    llama_free(ctx);
   }
   return 0;
 }
@@ -509,6 +553,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"decode", "prefill"}));
   e->add_option("--chunk", ev.chunk, "tokens per llama_decode (m: evicted per trigger)")->capture_default_str()->check(CLI::Range(1, 4096));
   e->add_option("--csv", ev.csv, "write the cells as CSV");
+  e->add_flag("--f32-cache", ev.f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
   e->add_option("--save-tokens", ev.save_tokens, "write each text's token ids to DIR/<name>.tokens")
       ->check(CLI::ExistingDirectory);
 
@@ -537,6 +582,7 @@ int main(int argc, char** argv) {
   speed_options sp;
   auto* s = app.add_subcommand("speed", "decode tokens/s with and without eviction at the same cache size");
   add_common(s, sp.common);
+  add_overrides(s, sp.overrides);
   s->add_option("--text", sp.text_files, "text file for the prompt")->required()->check(CLI::ExistingFile);
   s->add_option("--budget", sp.budget, "cells")->capture_default_str();
   s->add_option("-n,--tokens", sp.tokens, "decode steps timed")->capture_default_str();

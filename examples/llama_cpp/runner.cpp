@@ -34,7 +34,7 @@ void context_shift(llama_memory_t memory, llama_pos& n_past, llama_pos n_keep) {
 }  // namespace
 
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
-                            eviction_glue* glue) {
+                            eviction_glue* glue, bool f32_cache) {
   llama_context_params params = llama_context_default_params();
   params.n_ctx = static_cast<std::uint32_t>(n_ctx);
   params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(ubatch);
@@ -42,6 +42,7 @@ llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t
   params.n_seq_max = 1;
   params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // the same kernels with and without the glue
   params.no_perf = true;
+  if (f32_cache) params.type_k = params.type_v = GGML_TYPE_F32;
   if (glue != nullptr) glue->configure(params);
   return llama_init_from_model(model, params);
 }
@@ -77,7 +78,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
   // The full cache (and every prefill run) holds the whole text; context
   // shift and the library hold the budget (llama.cpp pads n_ctx to 256).
   const std::int32_t n_ctx = (how.type == method::kind::full || prefill) ? total : run.budget;
-  llama_context* ctx = make_context(model, std::max(n_ctx, run.chunk), run.chunk, run.threads, glue.get());
+  llama_context* ctx = make_context(model, std::max(n_ctx, run.chunk), run.chunk, run.threads, glue.get(), run.f32_cache);
   if (ctx == nullptr) {
     result.error = "llama_init_from_model failed";
     return result;
@@ -143,6 +144,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     result.library_seconds = glue->library_seconds();
     result.removal_seconds = glue->removal_seconds();
     result.callback_seconds = glue->callback_seconds();
+    result.evict_seconds = glue->evict_seconds();
   }
   llama_batch_free(batch);
   llama_free(ctx);

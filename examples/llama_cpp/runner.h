@@ -27,6 +27,7 @@ struct run_options {
   scored_layers scores = scored_layers::all;
   std::vector<std::int32_t> global_layers;
   bool keep_logits = false;      // keep every logit row (the reads-only check)
+  bool f32_cache = false;        // K and V cached as F32 (llama.cpp's default: F16)
 };
 
 struct run_result {
@@ -35,7 +36,8 @@ struct run_result {
   std::int32_t peak_cells = 0;   // most cells of the full-attention cache held after a decode
   std::int64_t evicted = 0;
   std::int64_t mask_checks = 0;
-  double seconds = 0.0, decode_seconds = 0.0, library_seconds = 0.0, removal_seconds = 0.0, callback_seconds = 0.0;
+  double seconds = 0.0, decode_seconds = 0.0, library_seconds = 0.0, removal_seconds = 0.0, callback_seconds = 0.0,
+         evict_seconds = 0.0;
   std::int64_t removals = 0;
   std::vector<float> logits;     // keep_logits: [token][vocab]
   std::string error;             // non-empty: the run stopped
@@ -52,6 +54,6 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
 // A context for `n_ctx` cells with flash attention off; the glue's callback
 // when given.
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
-                            eviction_glue* glue);
+                            eviction_glue* glue, bool f32_cache = false);
 
 }  // namespace sh_llama

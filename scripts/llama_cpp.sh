@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The llama.cpp integration on Gemma 3 270M (docs/llama_cpp.md): installs
+# what it needs (scripts/setup_llama_cpp.sh), builds scissorhands_llamacpp,
+# then
+#   - the reads-only check (logits bit for bit with and without the glue),
+#   - bounded memory: n_ctx = 256 cells, 4,000 tokens generated,
+#   - speed: decode tokens/s with and without eviction, 1 and 2 threads,
+#   - the quality grid: 8 texts of 2,000 tokens (six licence texts of
+#     /usr/share/common-licenses, two sampled from the model), the full
+#     cache, llama.cpp's context shift and six presets at 6.25-50% of the
+#     text, decode and prefill protocols, 32 tokens per llama_decode.
+# Writes results/llama_cpp_*.{txt,csv,png}. About an hour on 2 cores.
+# SCISSORHANDS_LLAMA_CPP_QUICK=1: one text of 600 tokens, two budgets (a few
+# minutes); SCISSORHANDS_THREADS (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+setup=$(bash scripts/setup_llama_cpp.sh)
+prefix=$(sed -n 's/^prefix=//p' <<<"$setup")
+gemma=$(sed -n 's/^gemma=//p' <<<"$setup")
+build=${SCISSORHANDS_BUILD_DIR:-build}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DSCISSORHANDS_LLAMA_CPP_PREFIX="$prefix" >/dev/null
+cmake --build "$build" -j "$(nproc)" --target scissorhands_llamacpp
+bin=./$build/examples/llama_cpp/scissorhands_llamacpp
+threads=${SCISSORHANDS_THREADS:-2}
+mkdir -p results
+licences=/usr/share/common-licenses
+texts=("$licences/GPL-1" "$licences/GPL-2" "$licences/GPL-3" "$licences/LGPL-2.1" "$licences/MPL-1.1" "$licences/MPL-2.0")
+grid=(--length 2000 --samples 2 --budgets 6.25 12.5 25 50)
+if [ "${SCISSORHANDS_LLAMA_CPP_QUICK:-0}" = 1 ]; then
+  texts=("$licences/GPL-3"); grid=(--length 600 --samples 0 --budgets 12.5 50)
+fi
+SECONDS=0
+"$bin" check-reads --model "$gemma" --text "$licences/GPL-3" --length 1100 --chunk 128 --threads "$threads" \
+  | tee results/llama_cpp_check_reads.txt
+"$bin" generate --model "$gemma" --ctx 256 -n 4000 --threads "$threads" \
+  --prompt "The history of the printing press begins" | tee results/llama_cpp_generate.txt | tail -n 1
+for t in 1 2; do
+  "$bin" speed --model "$gemma" --text "$licences/GPL-3" --budget 1024 -n 256 --threads "$t"
+done | tee results/llama_cpp_speed.txt
+for protocol in decode prefill; do
+  "$bin" evaluate --model "$gemma" --text "${texts[@]}" "${grid[@]}" --protocol "$protocol" --chunk 32 \
+    --threads "$threads" --csv "results/llama_cpp_gemma_$protocol.csv" | tee "results/llama_cpp_gemma_$protocol.txt"
+done
+if command -v gnuplot >/dev/null; then
+  python3 scripts/llama_cpp_plot.py results/llama_cpp_gemma_decode.csv results/llama_cpp_gemma_prefill.csv \
+    results/llama_cpp_gemma.png
+fi
+echo "scripts/llama_cpp.sh: $SECONDS s"
