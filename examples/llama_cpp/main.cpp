@@ -395,20 +395,12 @@ int generate(const generate_options& o) {
   for (llama_token t : prompt) out += piece(model.model, t);
   std::int32_t generated = 0;
   double decode_seconds = 0;
+  llama_batch batch = llama_batch_init(1, 0, 1);
   while (generated < o.tokens) {
     for (llama_token t : feed) {  // the prompt one token a step too (one ubatch of 1)
-      llama_batch batch = llama_batch_get_one(&t, 1);
-      (void)batch;
-      llama_batch b = llama_batch_init(1, 0, 1);
-      b.n_tokens = 1;
-      b.token[0] = t;
-      b.pos[0] = n_past;
-      b.n_seq_id[0] = 1;
-      b.seq_id[0][0] = 0;
-      b.logits[0] = 1;
+      set_batch(batch, &t, 1, n_past, true);
       const auto d = std::chrono::steady_clock::now();
-      const int rc = llama_decode(ctx, b);
-      llama_batch_free(b);
+      const int rc = llama_decode(ctx, batch);
       if (rc != 0) {
         ++failures;
         std::cerr << "llama_decode returned " << rc << " at position " << n_past << "\n";
@@ -441,6 +433,7 @@ int generate(const generate_options& o) {
             << "% of the step (glue in all, callbacks and checks included: "
             << fixed(100 * (glue.callback_seconds() + glue.evict_seconds()) / decode_seconds, 2) << "%), removal " << fixed(1e6 * glue.removal_seconds() / std::max<double>(1, static_cast<double>(glue.evicted())), 2)
             << " us a position, " << fixed(seconds, 1) << " s\n";
+  llama_batch_free(batch);
   llama_sampler_free(sampler);
   llama_free(ctx);
   return failures == 0 && over_budget == 0 && positions_true ? 0 : 1;
@@ -497,14 +490,7 @@ int speed(const speed_options& o) {
         evicted_before = glue->evicted();
       }
       const std::int32_t count = timed ? 1 : std::min(prompt_chunk, o.budget - at);
-      batch.n_tokens = count;
-      for (std::int32_t j = 0; j < count; ++j) {
-        batch.token[j] = t[static_cast<std::size_t>(at + j)];
-        batch.pos[j] = at + j;
-        batch.n_seq_id[j] = 1;
-        batch.seq_id[j][0] = 0;
-        batch.logits[j] = j == count - 1;
-      }
+      set_batch(batch, t.data() + at, count, at, false);
       const auto start = std::chrono::steady_clock::now();
       if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed");
       if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());

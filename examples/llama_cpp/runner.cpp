@@ -33,6 +33,17 @@ void context_shift(llama_memory_t memory, llama_pos& n_past, llama_pos n_keep) {
 
 }  // namespace
 
+void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first, bool all_logits) {
+  batch.n_tokens = count;
+  for (std::int32_t j = 0; j < count; ++j) {
+    batch.token[j] = tokens[j];
+    batch.pos[j] = first + j;
+    batch.n_seq_id[j] = 1;
+    batch.seq_id[j][0] = 0;
+    batch.logits[j] = all_logits || j == count - 1;
+  }
+}
+
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
                             eviction_glue* glue, bool f32_cache) {
   llama_context_params params = llama_context_default_params();
@@ -98,14 +109,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     std::int32_t count = std::min(run.chunk, total - at);
     if (prefill && at < run.prompt) count = std::min(count, run.prompt - at);
     if (shift && !prefill && n_past + count > run.budget) context_shift(memory, n_past, 1);
-    batch.n_tokens = count;
-    for (std::int32_t j = 0; j < count; ++j) {
-      batch.token[j] = tokens[static_cast<std::size_t>(at + j)];
-      batch.pos[j] = n_past + j;
-      batch.n_seq_id[j] = 1;
-      batch.seq_id[j][0] = 0;
-      batch.logits[j] = 1;
-    }
+    set_batch(batch, tokens.data() + at, count, n_past, true);
     const auto decode_start = clock_type::now();
     const int rc = llama_decode(ctx, batch);
     result.decode_seconds += seconds_since(decode_start);

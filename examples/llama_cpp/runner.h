@@ -51,6 +51,10 @@ struct run_result {
 run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, const method& how,
                     const run_options& run);
 
+// Fills `batch` with tokens[0..count) of seq 0 at positions first.., with
+// logits for every token (all_logits) or the last one only.
+void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first, bool all_logits);
+
 // A context for `n_ctx` cells with flash attention off; the glue's callback
 // when given.
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
