@@ -8,8 +8,9 @@
 #   - the quality grid: 8 texts of 2,000 tokens (six licence texts of
 #     /usr/share/common-licenses, two sampled from the model), the full
 #     cache, llama.cpp's context shift and six presets at 6.25-50% of the
-#     text, decode and prefill protocols, 32 tokens per llama_decode.
-# Writes results/llama_cpp_*.{txt,csv,png}. About an hour on 2 cores.
+#     text, decode and prefill protocols, 32 tokens per llama_decode;
+#   - the default preset scored from the global layers only (--scores global).
+# Writes results/llama_cpp_*.{txt,csv,png}. About 85 minutes on 2 cores.
 # SCISSORHANDS_LLAMA_CPP_QUICK=1: one text of 600 tokens, two budgets (a few
 # minutes); SCISSORHANDS_THREADS (default 2).
 set -euo pipefail
@@ -43,6 +44,13 @@ done | tee results/llama_cpp_speed.txt
 for protocol in decode prefill; do
   "$bin" evaluate --model "$gemma" --text "${texts[@]}" "${grid[@]}" --protocol "$protocol" --chunk 32 \
     --threads "$threads" --csv "results/llama_cpp_gemma_$protocol.csv" | tee "results/llama_cpp_gemma_$protocol.txt"
+done
+# What the sliding-window layers add to the score: the default preset
+# observing the three global layers only, on the same texts.
+for protocol in decode prefill; do
+  "$bin" evaluate --model "$gemma" --text "${texts[@]}" "${grid[@]}" --protocol "$protocol" --chunk 32 \
+    --threads "$threads" --policies scissorhands --scores global \
+    --csv "results/llama_cpp_gemma_${protocol}_global.csv" | tee "results/llama_cpp_gemma_${protocol}_global.txt"
 done
 if command -v gnuplot >/dev/null; then
   python3 scripts/llama_cpp_plot.py results/llama_cpp_gemma_decode.csv results/llama_cpp_gemma_prefill.csv \

@@ -30,6 +30,7 @@ def main():
         "set ylabel 'NLL increase over the full cache (%)'",
         "set key top right",
         "set grid",
+        "set termoption noenhanced",
     ]
     for path, name in ((decode, "decode (32 tokens a step, m = 32)"), (prefill, "prefill (half the text, compressed once)")):
         model, data = series(path)
