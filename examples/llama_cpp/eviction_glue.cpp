@@ -45,6 +45,38 @@ bool sliding_by_architecture(const std::string& arch, std::int32_t layer, bool* 
 
 }  // namespace
 
+std::vector<char> sliding_layers(const llama_model* model, const std::vector<std::int32_t>& global_layers,
+                                 std::string* error) {
+  const std::int32_t n_layer = llama_model_n_layer(model);
+  std::vector<char> sliding(static_cast<std::size_t>(n_layer), 0);
+  if (llama_model_n_swa(model) <= 0) return sliding;
+  if (!global_layers.empty()) {
+    std::fill(sliding.begin(), sliding.end(), 1);
+    for (std::int32_t l : global_layers) {
+      if (l < 0 || l >= n_layer) {
+        *error = "--global-layers: layer " + std::to_string(l) + " is outside the model's " + std::to_string(n_layer) +
+                 " layers";
+        return {};
+      }
+      sliding[static_cast<std::size_t>(l)] = 0;
+    }
+    return sliding;
+  }
+  const std::string arch = architecture_of(model);
+  for (std::int32_t l = 0; l < n_layer; ++l) {
+    bool known = false;
+    sliding[static_cast<std::size_t>(l)] = sliding_by_architecture(arch, l, &known);
+    if (!known) {
+      *error = "the model (architecture '" + arch + "') uses sliding-window attention (window " +
+               std::to_string(llama_model_n_swa(model)) +
+               ") and llama.cpp's public API does not say which layers: name the full-attention layers with "
+               "--global-layers";
+      return {};
+    }
+  }
+  return sliding;
+}
+
 eviction_glue::eviction_glue(const llama_model* model, const preset* policy, const bridge::settings& settings,
                              const glue_options& options)
     : policy_(policy), settings_(settings), options_(options) {
@@ -52,32 +84,11 @@ eviction_glue::eviction_glue(const llama_model* model, const preset* policy, con
   n_head_ = llama_model_n_head(model);
   n_head_kv_ = llama_model_n_head_kv(model);
   n_swa_ = llama_model_n_swa(model);
-  sliding_.assign(static_cast<std::size_t>(n_layer_), 0);
-  if (n_swa_ > 0) {
-    if (!options_.global_layers.empty()) {
-      std::fill(sliding_.begin(), sliding_.end(), 1);
-      for (std::int32_t l : options_.global_layers) {
-        if (l < 0 || l >= n_layer_) {
-          fail("--global-layers: layer " + std::to_string(l) + " is outside the model's " + std::to_string(n_layer_) +
-               " layers");
-          return;
-        }
-        sliding_[static_cast<std::size_t>(l)] = 0;
-      }
-    } else {
-      const std::string arch = architecture_of(model);
-      for (std::int32_t l = 0; l < n_layer_; ++l) {
-        bool known = false;
-        sliding_[static_cast<std::size_t>(l)] = sliding_by_architecture(arch, l, &known);
-        if (!known) {
-          fail("the model (architecture '" + arch + "') uses sliding-window attention (window " +
-               std::to_string(n_swa_) +
-               ") and llama.cpp's public API does not say which layers: name the full-attention layers with "
-               "--global-layers");
-          return;
-        }
-      }
-    }
+  std::string why;
+  sliding_ = sliding_layers(model, options_.global_layers, &why);
+  if (!why.empty()) {
+    fail(why);
+    return;
   }
   model_layer_of_.assign(static_cast<std::size_t>(n_layer_), -1);
   for (std::int32_t l = 0; l < n_layer_; ++l) {
@@ -259,7 +270,8 @@ bool eviction_glue::on_probabilities(ggml_tensor* t, std::int32_t layer) {
     checked_ubatch_[cache] = ubatch_;
   }
   const std::int32_t model_layer = model_layer_of_[static_cast<std::size_t>(layer)];
-  if (policy_ == nullptr || model_layer < 0) return true;
+  const bool observe = policy_ != nullptr && model_layer >= 0 && ubatch_positions_.back() >= options_.observe_from;
+  if (!observe && !options_.on_attention) return true;
 
   const auto start = clock_type::now();
   buffer_.resize(static_cast<std::size_t>(ggml_nelements(t)));
@@ -285,6 +297,13 @@ bool eviction_glue::on_probabilities(ggml_tensor* t, std::int32_t layer) {
     float* out = gathered_.data() + static_cast<std::size_t>(r) * slots;
     for (std::size_t s = 0; s < slots; ++s)
       if (cell_of_slot[s] >= 0) out[s] = in[cell_of_slot[s]];
+  }
+  if (options_.on_attention)
+    options_.on_attention(layer, gathered_.data(), n_head_, static_cast<std::int32_t>(n_tokens),
+                          static_cast<std::int32_t>(slots));
+  if (!observe) {
+    library_seconds_ += seconds_since(start);
+    return true;
   }
   // Observe reads only the sequence's length from the table: slot ids are
   // the identity here (the cells of the full-attention cache are known only

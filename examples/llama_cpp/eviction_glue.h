@@ -15,6 +15,7 @@
 // Any disagreement with llama.cpp stops the run with a message: a changed
 // graph name or cache rule must never evict the wrong token.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ enum class scored_layers {
   global,  // full-attention layers only (all of them in a model without sliding windows)
 };
 
+// Which layers of `model` attend through a sliding window (1) and which
+// see every cell (0): the GGUF's window with llama.cpp's own layout for
+// gemma2/gemma3, or `global_layers` when given. Empty with `*error` set when
+// neither says.
+std::vector<char> sliding_layers(const llama_model* model, const std::vector<std::int32_t>& global_layers,
+                                 std::string* error);
+
 struct glue_options {
   std::int32_t budget = 0;           // evict() brings a sequence holding budget or more cells to budget - m
   std::int32_t max_step_tokens = 1;  // most tokens one llama_decode appends (n_ubatch)
@@ -39,6 +47,15 @@ struct glue_options {
   scored_layers scores = scored_layers::all;
   std::vector<std::int32_t> global_layers;  // sliding-window models: the full-attention layers (empty: by architecture)
   bool check_every_layer = false;           // mask check on every layer, not one layer per cache
+  // Observe only the ubatches whose newest position is at least this (SnapKV:
+  // the prompt's last queries, given as a ubatch of their own); 0: every one.
+  llama_pos observe_from = 0;
+  // Called for every layer and ubatch with its attention in the library's
+  // dense layout [head][query][slot] (slot t: positions()[t]; 0 where the
+  // layer cannot see the slot): what the persistence measurement reads.
+  std::function<void(std::int32_t layer, const float* probabilities, std::int32_t heads, std::int32_t queries,
+                     std::int32_t slots)>
+      on_attention;
 };
 
 class eviction_glue {
@@ -75,6 +92,9 @@ class eviction_glue {
   double evict_seconds() const { return evict_seconds_; }        // everything inside evict()
   bool is_sliding(std::int32_t layer) const { return sliding_[static_cast<std::size_t>(layer)] != 0; }
   std::int32_t scored_layer_count() const { return static_cast<std::int32_t>(scored_.size()); }
+  std::int32_t window() const { return n_swa_; }  // sliding-window layers' n_swa (0: none)
+  // The positions the current ubatch appends (valid inside on_attention).
+  const std::vector<llama_pos>& ubatch_positions() const { return ubatch_positions_; }
 
  private:
   static bool callback(ggml_tensor* t, bool ask, void* self);

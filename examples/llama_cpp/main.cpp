@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -58,11 +59,19 @@ void add_overrides(CLI::App* app, policy_overrides& o) {
   app->add_option("--normalize", o.normalize, "override the preset's normalisation (0/1)")->check(CLI::Range(0, 1));
 }
 
-// "scissorhands", "h2o", ..., "full", "context-shift"; the library presets
-// take the preset's own settings (bridge default_settings), then overrides.
-method method_of(const std::string& name, const policy_overrides& o) {
+// A method by spec: "full", "context-shift", or a preset's name with
+// optional settings after a colon, "name:key=value/key=value" (keys: window,
+// recent (cells, or N% of each run's budget), sinks, alpha, normalize (0/1));
+// e.g. "scissorhands:recent=25%", "h2o:normalize=1". Library presets start
+// from the preset's own settings (bridge default_settings), then the
+// run-wide overrides, then the spec's. The label is the spec.
+method method_of(const std::string& spec, const policy_overrides& o) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
   method m;
-  m.label = name;
+  m.label = spec;
+  if ((name == "full" || name == "context-shift") && colon != std::string::npos)
+    throw std::invalid_argument("policy '" + spec + "': " + name + " takes no settings");
   if (name == "full") return m;
   if (name == "context-shift") {
     m.type = method::kind::context_shift;
@@ -80,6 +89,40 @@ method method_of(const std::string& name, const policy_overrides& o) {
   if (o.sinks >= 0) m.settings.sinks = o.sinks;
   if (o.alpha > 0) m.settings.alpha = o.alpha;
   if (o.normalize >= 0) m.settings.normalize = o.normalize != 0;
+  for (std::size_t at = colon; at != std::string::npos && at < spec.size();) {
+    const std::size_t end = std::min(spec.find('/', at + 1), spec.size());
+    const std::string item = spec.substr(at + 1, end - at - 1);
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    const auto bad = [&](const std::string& why) {
+      return std::invalid_argument("policy '" + spec + "': setting '" + item + "' " + why);
+    };
+    char* rest = nullptr;
+    const double number = std::strtod(value.c_str(), &rest);
+    const bool percent = rest != nullptr && *rest == '%' && rest[1] == '\0';
+    if (value.empty() || rest == value.c_str() || (*rest != '\0' && !percent) || !(number >= 0))
+      throw bad("needs a non-negative number (key=value)");
+    if (percent && key != "recent") throw bad("takes no % (only recent may be a share of the budget)");
+    const bool whole = number == std::floor(number) && number < (1 << 20);
+    if (key == "window" && whole && number >= 1) {
+      m.settings.window = static_cast<std::int32_t>(number);
+    } else if (key == "recent" && percent && number <= 100) {
+      m.recent_percent = number;
+    } else if (key == "recent" && !percent && whole) {
+      m.settings.recent = static_cast<std::int32_t>(number);
+    } else if (key == "sinks" && whole) {
+      m.settings.sinks = static_cast<std::int32_t>(number);
+    } else if (key == "alpha" && number > 0) {
+      m.settings.alpha = static_cast<float>(number);
+    } else if (key == "normalize" && (number == 0 || number == 1)) {
+      m.settings.normalize = number == 1;
+    } else {
+      throw bad("is not one of window (1..2^20), recent (cells, or 0-100%), sinks, alpha (> 0), normalize (0/1)");
+    }
+    at = end;
+  }
+  // SnapKV observes the prompt's last queries, as many as it protects.
+  if (name == "snapkv") m.observe_last = m.settings.recent;
   return m;
 }
 
@@ -176,6 +219,16 @@ std::vector<text> load_texts(llama_model* model, const std::vector<std::string>&
   return texts;
 }
 
+// Each text's token ids to dir/<name>.tokens (nothing when dir is empty).
+void save_tokens(const std::vector<text>& texts, const std::string& dir) {
+  if (dir.empty()) return;
+  for (const auto& t : texts) {
+    std::ofstream out(dir + "/" + t.name + ".tokens");
+    for (llama_token id : t.tokens) out << id << "\n";
+    if (!out) throw std::runtime_error("cannot write " + dir + "/" + t.name + ".tokens");
+  }
+}
+
 std::string fixed(double x, int digits) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(digits) << x;
@@ -199,17 +252,13 @@ struct evaluate_options {
 };
 
 int evaluate(const evaluate_options& o) {
+  for (const auto& name : o.policies) (void)method_of(name, o.overrides);  // refuse a bad spec before any run
   model_handle model(o.common.model_path);
   const auto texts = load_texts(model.model, o.text_files, o.token_files, o.samples, o.length, o.common.threads, o.seed);
   std::int32_t shortest = INT32_MAX;
   std::size_t total_tokens = 0;
   for (const auto& t : texts) shortest = std::min(shortest, static_cast<std::int32_t>(t.tokens.size())), total_tokens += t.tokens.size();
-  if (!o.save_tokens.empty())
-    for (const auto& t : texts) {
-      std::ofstream out(o.save_tokens + "/" + t.name + ".tokens");
-      for (llama_token id : t.tokens) out << id << "\n";
-      if (!out) throw std::runtime_error("cannot write " + o.save_tokens + "/" + t.name + ".tokens");
-    }
+  save_tokens(texts, o.save_tokens);
   const bool prefill = o.protocol == "prefill";
   const std::int32_t prompt = prefill ? shortest / 2 : 0;
   std::cout << "model " << base_name(o.common.model_path) << ": " << texts.size() << " texts, " << total_tokens
@@ -256,6 +305,22 @@ int evaluate(const evaluate_options& o) {
   const run_result full = run_all(method_of("full", o.overrides), shortest);
   std::cerr << "full cache: NLL " << fixed(full.nll(), 4) << " (" << fixed(full.seconds, 1) << " s)\n";
   std::vector<cell> cells;
+  // Rewritten after every cell, so that a long grid stopped early keeps what it measured.
+  const auto write_csv = [&] {
+    if (o.csv.empty()) return;
+    std::ofstream csv(o.csv);
+    csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
+           "evicted,seconds,library_seconds\n";
+    csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
+        << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
+        << ",0," << fixed(full.seconds, 2) << ",0\n";
+    for (const auto& c : cells)
+      csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
+          << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
+          << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
+          << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
+          << fixed(c.sum.library_seconds, 3) << "\n";
+  };
   for (const auto& name : o.policies) {
     if (prefill && name == "context-shift") continue;  // llama.cpp shifts while decoding only
     const method how = method_of(name, o.overrides);
@@ -266,6 +331,7 @@ int evaluate(const evaluate_options& o) {
                 << fixed(100.0 * (r.nll() / full.nll() - 1.0), 2) << "%), " << fixed(r.seconds, 1) << " s, "
                 << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count(), 0)
                 << " s so far\n";
+      write_csv();
     }
   }
   // Table: rows = policies, columns = budgets; NLL increase over the full cache.
@@ -286,21 +352,8 @@ int evaluate(const evaluate_options& o) {
         }
     if (any) std::cout << row.str() << "\n";
   }
-  if (!o.csv.empty()) {
-    std::ofstream csv(o.csv);
-    csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
-           "evicted,seconds,library_seconds\n";
-    csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
-        << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
-        << ",0," << fixed(full.seconds, 2) << ",0\n";
-    for (const auto& c : cells)
-      csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
-          << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
-          << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
-          << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
-          << fixed(c.sum.library_seconds, 3) << "\n";
-    std::cout << "wrote " << o.csv << "\n";
-  }
+  write_csv();
+  if (!o.csv.empty()) std::cout << "wrote " << o.csv << "\n";
   return 0;
 }
 
@@ -345,6 +398,123 @@ int check_reads(const check_options& o) {
   std::cout << "reads only (" << o.policy << ", observing " << o.common.scores << " layers, " << checks
             << " mask checks): " << compared - differ << " of " << compared << " logits identical bit for bit\n";
   return differ == 0 ? 0 : 1;
+}
+
+// ---- persistence ------------------------------------------------------------------
+
+struct persistence_options {
+  common_options common;
+  std::vector<std::string> text_files, token_files;
+  std::int32_t samples = 0, length = 0, chunk = 32, min_age = 0;
+  std::uint32_t seed = 1;
+  double split = 0.5;
+  float alpha = 1.0f;
+  std::string csv, save_tokens;
+  bool f32_cache = false;
+};
+
+// a / b, or NaN for 0 / 0 (no token pivotal in the later stretch).
+double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
+
+// The paper's persistence of importance (§3), per layer, on full-cache runs;
+// the definition of examples/llama/persistence.hpp (docs/llama.md), here on
+// the attention llama.cpp computes. Step t feeds token t; the query sees n_t
+// tokens (t + 1; a sliding-window layer min(t + 1, n_swa)). Token i is
+// pivotal at step t when the mean over the KV head's query heads of
+// a(t, i) > alpha / n_t and t - i >= min_age. S = floor(split * T); for
+// tokens i < S: E = pivotal at some step t < S, L = pivotal at some step
+// t >= S. Ratio = sum |E ∩ L| / sum |L| over KV heads and texts; chance =
+// sum |E| / sum S (the ratio if L were drawn at random among the S tokens).
+int persistence(const persistence_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, o.token_files, o.samples, o.length, o.common.threads, o.seed);
+  save_tokens(texts, o.save_tokens);
+  std::string why;
+  const std::vector<char> sliding = sliding_layers(model.model, o.common.global_layers, &why);
+  if (!why.empty()) throw std::invalid_argument(why);
+  const std::int32_t n_layer = llama_model_n_layer(model.model), n_head = llama_model_n_head(model.model),
+                     n_head_kv = llama_model_n_head_kv(model.model), n_swa = llama_model_n_swa(model.model);
+  const std::int32_t group = n_head / n_head_kv;
+  struct sums {
+    double overlap = 0, late = 0, early = 0, tokens = 0;
+  };
+  std::vector<sums> layers(static_cast<std::size_t>(n_layer));
+  std::size_t total_tokens = 0;
+  for (const auto& t : texts) {
+    const std::int32_t T = static_cast<std::int32_t>(t.tokens.size());
+    const std::int32_t S = static_cast<std::int32_t>(std::floor(o.split * T));
+    total_tokens += t.tokens.size();
+    // [layer][kv head][token < S]
+    std::vector<char> early(static_cast<std::size_t>(n_layer * n_head_kv * S), 0), late(early.size(), 0);
+    run_options run;
+    run.threads = o.common.threads;
+    run.chunk = o.chunk;
+    run.budget = T;
+    run.global_layers = o.common.global_layers;
+    run.f32_cache = o.f32_cache;
+    run.on_attention = [&](std::int32_t layer, const float* p, std::int32_t heads, std::int32_t queries,
+                           std::int32_t slots) {
+      // Full cache: slot s holds position s; the ubatch's queries are the newest.
+      for (std::int32_t q = 0; q < queries; ++q) {
+        const std::int32_t step = slots - queries + q;
+        const std::int32_t seen = sliding[static_cast<std::size_t>(layer)] ? std::min(step + 1, n_swa) : step + 1;
+        const double threshold = static_cast<double>(o.alpha) / seen;
+        char* mark = (step < S ? early : late).data() + static_cast<std::size_t>(layer) * n_head_kv * S;
+        const std::int32_t last = std::min(S - 1, step - o.min_age);
+        for (std::int32_t kv = 0; kv < n_head_kv; ++kv)
+          for (std::int32_t i = 0; i <= last; ++i) {
+            double a = 0;
+            for (std::int32_t h = kv * group; h < (kv + 1) * group && h < heads; ++h)
+              a += p[(static_cast<std::size_t>(h) * queries + q) * slots + i];
+            if (a / group > threshold) mark[static_cast<std::size_t>(kv) * S + i] = 1;
+          }
+      }
+    };
+    const run_result r = run_text(model.model, t.tokens, method_of("full", {}), run);
+    if (!r.error.empty()) throw std::runtime_error(t.name + ": " + r.error);
+    for (std::int32_t l = 0; l < n_layer; ++l)
+      for (std::int32_t kv = 0; kv < n_head_kv; ++kv) {
+        auto& s = layers[static_cast<std::size_t>(l)];
+        const std::size_t base = (static_cast<std::size_t>(l) * n_head_kv + kv) * S;
+        for (std::int32_t i = 0; i < S; ++i) {
+          const bool e = early[base + i] != 0, l2 = late[base + i] != 0;
+          s.early += e, s.late += l2, s.overlap += e && l2;
+        }
+        s.tokens += S;
+      }
+    std::cerr << t.name << ": " << T << " tokens, " << fixed(r.seconds, 1) << " s\n";
+  }
+  std::cout << "model " << base_name(o.common.model_path) << ": " << texts.size() << " texts, " << total_tokens
+            << " tokens; alpha " << o.alpha << ", min age " << o.min_age << ", split " << o.split << "\n\n"
+            << "| layer | attention | persistence | chance | |E| | |L| |\n|---|---|---|---|---|---|\n";
+  sums pooled[2];
+  for (std::int32_t l = 0; l < n_layer; ++l) {
+    const auto& s = layers[static_cast<std::size_t>(l)];
+    const int kind = sliding[static_cast<std::size_t>(l)] ? 1 : 0;
+    pooled[kind].overlap += s.overlap, pooled[kind].late += s.late, pooled[kind].early += s.early,
+        pooled[kind].tokens += s.tokens;
+    const double per = static_cast<double>(texts.size()) * n_head_kv;
+    std::cout << "| " << l << " | " << (kind ? "sliding" : "global") << " | " << fixed(ratio(s.overlap, s.late), 4) << " | "
+              << fixed(ratio(s.early, s.tokens), 4) << " | " << fixed(s.early / per, 1) << " | " << fixed(s.late / per, 1)
+              << " |\n";
+  }
+  for (int kind = 0; kind < 2; ++kind)
+    if (pooled[kind].tokens > 0)
+      std::cout << "| " << (kind ? "all sliding" : "all global") << " | | " << fixed(ratio(pooled[kind].overlap, pooled[kind].late), 4)
+                << " | " << fixed(ratio(pooled[kind].early, pooled[kind].tokens), 4) << " | | |\n";
+  if (!o.csv.empty()) {
+    std::ofstream csv(o.csv);
+    csv << "model,texts,tokens,alpha,min_age,split,layer,attention,persistence,chance,early,late,overlap,tokens_counted\n";
+    for (std::int32_t l = 0; l < n_layer; ++l) {
+      const auto& s = layers[static_cast<std::size_t>(l)];
+      csv << base_name(o.common.model_path) << "," << texts.size() << "," << total_tokens << "," << o.alpha << ","
+          << o.min_age << "," << o.split << "," << l << "," << (sliding[static_cast<std::size_t>(l)] ? "sliding" : "global")
+          << "," << fixed(ratio(s.overlap, s.late), 6) << "," << fixed(ratio(s.early, s.tokens), 6) << "," << s.early << ","
+          << s.late << "," << s.overlap << "," << s.tokens << "\n";
+    }
+    std::cout << "wrote " << o.csv << "\n";
+  }
+  return 0;
 }
 
 // ---- generate ---------------------------------------------------------------------
@@ -398,7 +568,7 @@ int generate(const generate_options& o) {
   llama_batch batch = llama_batch_init(1, 0, 1);
   while (generated < o.tokens) {
     for (llama_token t : feed) {  // the prompt one token a step too (one ubatch of 1)
-      set_batch(batch, &t, 1, n_past, true);
+      set_batch(batch, &t, 1, n_past, 0);
       const auto d = std::chrono::steady_clock::now();
       const int rc = llama_decode(ctx, batch);
       if (rc != 0) {
@@ -490,7 +660,7 @@ int speed(const speed_options& o) {
         evicted_before = glue->evicted();
       }
       const std::int32_t count = timed ? 1 : std::min(prompt_chunk, o.budget - at);
-      set_batch(batch, t.data() + at, count, at, false);
+      set_batch(batch, t.data() + at, count, at, count - 1);
       const auto start = std::chrono::steady_clock::now();
       if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed");
       if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());
@@ -531,7 +701,11 @@ int main(int argc, char** argv) {
   e->add_option("--samples", ev.samples, "texts sampled from the model (temperature 1, top-p 0.9)");
   e->add_option("--length", ev.length, "tokens per text (cut; sampled texts' length)");
   e->add_option("--sample-seed", ev.seed, "seed of the first sampled text")->capture_default_str();
-  e->add_option("--policies", ev.policies, "full, context-shift, " + std::string(preset_names()))->capture_default_str();
+  e->add_option("--policies", ev.policies,
+                "full, context-shift, " + std::string(preset_names()) +
+                    "; a preset may carry settings: name:key=value/key=value (window, recent (cells or N%), sinks, "
+                    "alpha, normalize)")
+      ->capture_default_str();
   e->add_option("--budgets", ev.budgets, "budgets in % of the shortest text")->capture_default_str();
   e->add_option("--budget-tokens", ev.budget_tokens, "budgets in cells (replaces --budgets when given)");
   e->add_option("--protocol", ev.protocol, "decode or prefill (half the text, compressed once)")
@@ -551,6 +725,25 @@ int main(int argc, char** argv) {
   c->add_option("--length", ck.length, "tokens per text")->capture_default_str();
   c->add_option("--chunk", ck.chunk, "tokens per llama_decode")->capture_default_str();
   c->add_option("--policy", ck.policy, "preset observed")->capture_default_str();
+
+  persistence_options pe;
+  auto* p = app.add_subcommand("persistence", "the paper's persistence of importance per layer, full cache");
+  add_common(p, pe.common);
+  p->add_option("--text", pe.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
+  p->add_option("--tokens", pe.token_files, "token-id files")->check(CLI::ExistingFile);
+  p->add_option("--samples", pe.samples, "texts sampled from the model");
+  p->add_option("--sample-seed", pe.seed, "seed of the first sampled text")->capture_default_str();
+  p->add_option("--length", pe.length, "tokens per text (cut; sampled texts' length)");
+  p->add_option("--chunk", pe.chunk, "tokens per llama_decode")->capture_default_str()->check(CLI::Range(1, 4096));
+  p->add_option("--alpha", pe.alpha, "pivotal: attention above alpha / n")->capture_default_str()->check(CLI::PositiveNumber);
+  p->add_option("--min-age", pe.min_age, "pivotal only at steps at least this many after the token")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  p->add_option("--split", pe.split, "S = floor(split * T)")->capture_default_str()->check(CLI::Range(0.01, 0.99));
+  p->add_option("--csv", pe.csv, "write the layers as CSV");
+  p->add_flag("--f32-cache", pe.f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
+  p->add_option("--save-tokens", pe.save_tokens, "write each text's token ids to DIR/<name>.tokens")
+      ->check(CLI::ExistingDirectory);
 
   generate_options gen;
   auto* g = app.add_subcommand("generate", "sample text with the cache held to a budget of cells");
@@ -583,6 +776,7 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (*e) rc = evaluate(ev);
     if (*c) rc = check_reads(ck);
+    if (*p) rc = persistence(pe);
     if (*g) rc = generate(gen);
     if (*s) rc = speed(sp);
     llama_backend_free();

@@ -18,6 +18,10 @@ SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::tova, sh::with_granularity<sh::
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::streaming,
                                        sh::with_granularity<sh::streaming_policy, sh::shared_layers<>>);
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::random, sh::with_granularity<sh::random_policy, sh::shared_layers<>>);
+SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::snapkv, sh::with_granularity<sh::snapkv_policy, sh::shared_layers<>>);
+SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(
+    sh_llama::scissorhands_mean_layers,
+    sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<sh::mean_score, sh::mean_score>>);
 
 namespace sh_llama {
 namespace {
@@ -32,6 +36,7 @@ const preset presets[] = {
     SH_LLAMA_PRESET("scissorhands", scissorhands_default), SH_LLAMA_PRESET("scissorhands-paper", scissorhands_paper),
     SH_LLAMA_PRESET("h2o", h2o),                           SH_LLAMA_PRESET("tova", tova),
     SH_LLAMA_PRESET("streaming", streaming),               SH_LLAMA_PRESET("random", random),
+    SH_LLAMA_PRESET("snapkv", snapkv),                     SH_LLAMA_PRESET("scissorhands-mean-layers", scissorhands_mean_layers),
 };
 #undef SH_LLAMA_PRESET
 
@@ -43,6 +48,8 @@ const preset* find_preset(const char* name) noexcept {
   return nullptr;
 }
 
-const char* preset_names() noexcept { return "scissorhands, scissorhands-paper, h2o, tova, streaming, random"; }
+const char* preset_names() noexcept {
+  return "scissorhands, scissorhands-paper, h2o, tova, streaming, random, snapkv, scissorhands-mean-layers";
+}
 
 }  // namespace sh_llama

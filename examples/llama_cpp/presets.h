@@ -11,6 +11,9 @@ SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::h2o);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::tova);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::streaming);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::random);
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::snapkv);  // pooled attention mass; prefill: the prompt's last 32 queries
+// The default with the layers' scores averaged instead of their maximum.
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_mean_layers);
 
 namespace sh_llama {
 
@@ -37,7 +40,8 @@ struct preset {
 };
 
 // The presets by name: "scissorhands", "scissorhands-paper", "h2o", "tova",
-// "streaming", "random"; null for another name.
+// "streaming", "random", "snapkv", "scissorhands-mean-layers"; null for
+// another name.
 const preset* find_preset(const char* name) noexcept;
 // "scissorhands, scissorhands-paper, ..." for messages.
 const char* preset_names() noexcept;

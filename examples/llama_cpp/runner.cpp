@@ -33,14 +33,15 @@ void context_shift(llama_memory_t memory, llama_pos& n_past, llama_pos n_keep) {
 
 }  // namespace
 
-void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first, bool all_logits) {
+void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first,
+               std::int32_t first_logit) {
   batch.n_tokens = count;
   for (std::int32_t j = 0; j < count; ++j) {
     batch.token[j] = tokens[j];
     batch.pos[j] = first + j;
     batch.n_seq_id[j] = 1;
     batch.seq_id[j][0] = 0;
-    batch.logits[j] = all_logits || j == count - 1;
+    batch.logits[j] = j >= first_logit || j == count - 1;
   }
 }
 
@@ -68,19 +69,25 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
   const bool library = how.type == method::kind::library;
   const bool shift = how.type == method::kind::context_shift;
 
+  // SnapKV's observation window: the prompt's last queries, a ubatch of their own.
+  const std::int32_t observe_from = library && prefill && how.observe_last > 0 ? run.prompt - how.observe_last : 0;
   std::unique_ptr<eviction_glue> glue;
-  if (library) {
+  if (library || run.on_attention) {
     glue_options options;
     // Decode: evict m = chunk at the budget, so the cache peaks at B.
     // Prefill: one eviction to exactly B (select leaves budget - m).
     bridge::settings settings = how.settings;
     settings.evict_count = prefill ? 1 : run.chunk;
-    options.budget = prefill ? run.budget + 1 : run.budget;
+    if (how.recent_percent >= 0.0)
+      settings.recent = static_cast<std::int32_t>(std::lround(how.recent_percent / 100.0 * run.budget));
+    options.budget = library ? (prefill ? run.budget + 1 : run.budget) : total;
     options.max_step_tokens = run.chunk;
-    options.capacity = prefill ? total : 0;
+    options.capacity = prefill || !library ? total : 0;
     options.scores = run.scores;
     options.global_layers = run.global_layers;
-    glue = std::make_unique<eviction_glue>(model, how.policy, settings, options);
+    options.observe_from = std::max(observe_from, 0);
+    options.on_attention = run.on_attention;
+    glue = std::make_unique<eviction_glue>(model, library ? how.policy : nullptr, settings, options);
     if (!glue->ok()) {
       result.error = glue->error();
       return result;
@@ -108,8 +115,12 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     // Prefill: the prompt's last chunk ends at P exactly.
     std::int32_t count = std::min(run.chunk, total - at);
     if (prefill && at < run.prompt) count = std::min(count, run.prompt - at);
+    if (observe_from > 0 && at < observe_from) count = std::min(count, observe_from - at);
     if (shift && !prefill && n_past + count > run.budget) context_shift(memory, n_past, 1);
-    set_batch(batch, tokens.data() + at, count, n_past, true);
+    // Logits only where a prediction is scored (prefill: from token P-1 on),
+    // or every one for the reads-only check.
+    const std::int32_t first_logit = prefill && !run.keep_logits ? std::max(0, run.prompt - 1 - at) : 0;
+    set_batch(batch, tokens.data() + at, count, n_past, first_logit);
     const auto decode_start = clock_type::now();
     const int rc = llama_decode(ctx, batch);
     result.decode_seconds += seconds_since(decode_start);
@@ -121,7 +132,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     const std::int32_t held = glue ? glue->held() : static_cast<std::int32_t>(llama_memory_seq_pos_max(memory, 0) -
                                                                                llama_memory_seq_pos_min(memory, 0) + 1);
     result.peak_cells = std::max(result.peak_cells, held);
-    for (std::int32_t j = 0; j < count; ++j) {
+    for (std::int32_t j = std::min(first_logit, count - 1); j < count; ++j) {
       const float* logits = llama_get_logits_ith(ctx, j);
       if (run.keep_logits) result.logits.insert(result.logits.end(), logits, logits + vocab);
       const std::int32_t next = at + j + 1;
@@ -132,7 +143,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     }
     at += count;
     // Decode: after every step. Prefill: once, when the prompt is in.
-    if (glue && (!prefill || at == run.prompt)) {
+    if (glue && library && (!prefill || at == run.prompt)) {
       const auto evict_start = clock_type::now();
       const bool good = glue->evict();
       result.decode_seconds += seconds_since(evict_start);

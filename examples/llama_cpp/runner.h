@@ -3,6 +3,7 @@
 // library's presets through the eviction glue, and the peers the program
 // compares them with (the full cache, llama.cpp's own context shift).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ struct method {
   enum class kind { full, context_shift, library } type = kind::full;
   const preset* policy = nullptr;  // library
   bridge::settings settings;       // library: the preset's defaults with the run's overrides
+  double recent_percent = -1.0;    // library, >= 0: r = this % of each run's budget (replaces settings.recent)
+  std::int32_t observe_last = 0;   // library, prefill: observe only the prompt's last queries (SnapKV)
   std::string label;
 };
 
@@ -28,6 +31,9 @@ struct run_options {
   std::vector<std::int32_t> global_layers;
   bool keep_logits = false;      // keep every logit row (the reads-only check)
   bool f32_cache = false;        // K and V cached as F32 (llama.cpp's default: F16)
+  // With the full cache: a reads-only glue hands every layer's attention
+  // here (glue_options::on_attention); positions through `glue_positions`.
+  std::function<void(std::int32_t, const float*, std::int32_t, std::int32_t, std::int32_t)> on_attention;
 };
 
 struct run_result {
@@ -52,8 +58,9 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
                     const run_options& run);
 
 // Fills `batch` with tokens[0..count) of seq 0 at positions first.., with
-// logits for every token (all_logits) or the last one only.
-void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first, bool all_logits);
+// logits for tokens first_logit.. and the last one.
+void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first,
+               std::int32_t first_logit);
 
 // A context for `n_ctx` cells with flash attention off; the glue's callback
 // when given.

@@ -4,7 +4,8 @@
 # project's own decoder (examples/llama): the full cache's and StreamingLLM's
 # NLL must agree within 1e-3 nats with llama.cpp's default F16 K/V cache, and
 # within 1e-5 with an F32 one (the F16 rounding of K and V is the whole gap;
-# examples/llama caches fp32). Decode protocol, one token a step, m = 1.
+# examples/llama caches fp32). Decode protocol, one token a step, m = 1;
+# then the prefill protocol on stories260K (below).
 set -euo pipefail
 lc=$1 ll=$2 models=$3 out=$4
 status=0 ran=0
@@ -41,4 +42,31 @@ PY
   ran=$((ran + 1))
 done
 [ "$ran" -gt 0 ] || { echo "SKIPPED: no model found in $models"; exit 77; }
+# The prefill protocol (P = 128 of 256 tokens, compressed once to B = 64 for
+# every layer, the rest teacher-forced) with the F32 cache, against
+# examples/llama at the same granularity (layers: the library's
+# shared_layers<>): the default, H2O and SnapKV (the prompt's last 32
+# queries observed) agree within 1e-5 nats.
+dir=$out/cross_stories260K
+if [ -f "$dir/sample1.tokens" ]; then
+  "$lc" evaluate --model "$models/stories260K.gguf" --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens --f32-cache \
+    --protocol prefill --budget-tokens 64 --policies scissorhands h2o snapkv --csv "$dir/prefill_llamacpp.csv" \
+    >"$dir/prefill_llamacpp.log" 2>&1
+  "$ll" --model "$models/stories260K.gguf" --threads 1 evaluate --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens \
+    --protocol prefill:128 --granularity layers --policies scissorhands h2o snapkv --budgets 64 \
+    --csv "$dir/prefill_llama.csv" --no-plot >"$dir/prefill_llama.log" 2>&1
+  python3 - "$dir/prefill_llamacpp.csv" "$dir/prefill_llama.csv" <<'PY' || status=1
+import csv, sys
+lc = {r["policy"]: float(r["nll"]) for r in csv.DictReader(open(sys.argv[1]))}
+ll = {r["policy"].split("/")[0]: float(r["nll"]) for r in csv.DictReader(open(sys.argv[2]))}
+bad = 0
+for policy in ("full", "scissorhands", "h2o", "snapkv"):
+    a, b = lc[policy], ll[policy]
+    ok = abs(a - b) <= 1e-5
+    bad += not ok
+    print(f"stories260K prefill F32 cache {policy}: llama.cpp {a:.6f}, examples/llama {b:.6f}, |diff| {abs(a - b):.2e} "
+          f"{'within' if ok else 'ABOVE'} 1e-05")
+sys.exit(1 if bad else 0)
+PY
+fi
 exit $status
