@@ -2,15 +2,17 @@
 """NLL increase over the full cache against cells kept, one panel per
 protocol, from scissorhands_llamacpp evaluate's CSVs (gnuplot draws it).
 
-    llama_cpp_plot.py DECODE.csv PREFILL.csv OUT.png
+    llama_cpp_plot.py DECODE.csv PREFILL.csv OUT.png [POLICY ...]
+
+With POLICY names, only those are drawn.
 """
 import csv
 import subprocess
 import sys
 
 
-def series(path):
-    rows = [r for r in csv.DictReader(open(path)) if r["policy"] != "full"]
+def series(path, only):
+    rows = [r for r in csv.DictReader(open(path)) if r["policy"] != "full" and (not only or r["policy"] in only)]
     by_policy = {}
     for r in rows:
         kept = 100.0 * int(r["budget_tokens"]) / 2000 if not r["budget"].endswith("%") else float(r["budget"][:-1])
@@ -21,6 +23,7 @@ def series(path):
 
 def main():
     decode, prefill, out = sys.argv[1:4]
+    only = set(sys.argv[4:])
     script = [
         "set terminal pngcairo size 1400,560 font ',11'",
         f"set output '{out}'",
@@ -33,7 +36,7 @@ def main():
         "set termoption noenhanced",
     ]
     for path, name in ((decode, "decode (32 tokens a step, m = 32)"), (prefill, "prefill (half the text, compressed once)")):
-        model, data = series(path)
+        model, data = series(path, only)
         script.append(f"set title '{model}, llama.cpp: {name}'")
         plots, blocks = [], []
         for i, (policy, points) in enumerate(data.items()):

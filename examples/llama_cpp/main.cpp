@@ -407,7 +407,7 @@ struct persistence_options {
   std::vector<std::string> text_files, token_files;
   std::int32_t samples = 0, length = 0, chunk = 32, min_age = 0;
   std::uint32_t seed = 1;
-  double split = 0.5;
+  double split = 0.5, min_fraction = 0.0;
   float alpha = 1.0f;
   std::string csv, save_tokens;
   bool f32_cache = false;
@@ -425,6 +425,8 @@ double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
 // tokens i < S: E = pivotal at some step t < S, L = pivotal at some step
 // t >= S. Ratio = sum |E ∩ L| / sum |L| over KV heads and texts; chance =
 // sum |E| / sum S (the ratio if L were drawn at random among the S tokens).
+// With min_fraction q > 0 a token is in E (L) only when pivotal at
+// max(1, ceil(q * n)) of the stretch's n steps at which it is old enough.
 int persistence(const persistence_options& o) {
   model_handle model(o.common.model_path);
   const auto texts = load_texts(model.model, o.text_files, o.token_files, o.samples, o.length, o.common.threads, o.seed);
@@ -445,7 +447,8 @@ int persistence(const persistence_options& o) {
     const std::int32_t S = static_cast<std::int32_t>(std::floor(o.split * T));
     total_tokens += t.tokens.size();
     // [layer][kv head][token < S]
-    std::vector<char> early(static_cast<std::size_t>(n_layer * n_head_kv * S), 0), late(early.size(), 0);
+    // Pivotal steps per stretch.
+    std::vector<std::int32_t> early(static_cast<std::size_t>(n_layer * n_head_kv * S), 0), late(early.size(), 0);
     run_options run;
     run.threads = o.common.threads;
     run.chunk = o.chunk;
@@ -459,14 +462,14 @@ int persistence(const persistence_options& o) {
         const std::int32_t step = slots - queries + q;
         const std::int32_t seen = sliding[static_cast<std::size_t>(layer)] ? std::min(step + 1, n_swa) : step + 1;
         const double threshold = static_cast<double>(o.alpha) / seen;
-        char* mark = (step < S ? early : late).data() + static_cast<std::size_t>(layer) * n_head_kv * S;
+        std::int32_t* mark = (step < S ? early : late).data() + static_cast<std::size_t>(layer) * n_head_kv * S;
         const std::int32_t last = std::min(S - 1, step - o.min_age);
         for (std::int32_t kv = 0; kv < n_head_kv; ++kv)
           for (std::int32_t i = 0; i <= last; ++i) {
             double a = 0;
             for (std::int32_t h = kv * group; h < (kv + 1) * group && h < heads; ++h)
               a += p[(static_cast<std::size_t>(h) * queries + q) * slots + i];
-            if (a / group > threshold) mark[static_cast<std::size_t>(kv) * S + i] = 1;
+            if (a / group > threshold) ++mark[static_cast<std::size_t>(kv) * S + i];
           }
       }
     };
@@ -477,7 +480,10 @@ int persistence(const persistence_options& o) {
         auto& s = layers[static_cast<std::size_t>(l)];
         const std::size_t base = (static_cast<std::size_t>(l) * n_head_kv + kv) * S;
         for (std::int32_t i = 0; i < S; ++i) {
-          const bool e = early[base + i] != 0, l2 = late[base + i] != 0;
+          // Steps of each stretch at which token i is old enough to count.
+          const double n_early = std::max(0, S - i - o.min_age), n_late = std::max(0, T - std::max(S, i + o.min_age));
+          const bool e = early[base + i] >= std::max(1.0, std::ceil(o.min_fraction * n_early));
+          const bool l2 = late[base + i] >= std::max(1.0, std::ceil(o.min_fraction * n_late));
           s.early += e, s.late += l2, s.overlap += e && l2;
         }
         s.tokens += S;
@@ -485,7 +491,8 @@ int persistence(const persistence_options& o) {
     std::cerr << t.name << ": " << T << " tokens, " << fixed(r.seconds, 1) << " s\n";
   }
   std::cout << "model " << base_name(o.common.model_path) << ": " << texts.size() << " texts, " << total_tokens
-            << " tokens; alpha " << o.alpha << ", min age " << o.min_age << ", split " << o.split << "\n\n"
+            << " tokens; alpha " << o.alpha << ", min age " << o.min_age << ", min fraction " << o.min_fraction
+            << ", split " << o.split << "\n\n"
             << "| layer | attention | persistence | chance | |E| | |L| |\n|---|---|---|---|---|---|\n";
   sums pooled[2];
   for (std::int32_t l = 0; l < n_layer; ++l) {
@@ -504,11 +511,11 @@ int persistence(const persistence_options& o) {
                 << " | " << fixed(ratio(pooled[kind].early, pooled[kind].tokens), 4) << " | | |\n";
   if (!o.csv.empty()) {
     std::ofstream csv(o.csv);
-    csv << "model,texts,tokens,alpha,min_age,split,layer,attention,persistence,chance,early,late,overlap,tokens_counted\n";
+    csv << "model,texts,tokens,alpha,min_age,min_fraction,split,layer,attention,persistence,chance,early,late,overlap,tokens_counted\n";
     for (std::int32_t l = 0; l < n_layer; ++l) {
       const auto& s = layers[static_cast<std::size_t>(l)];
       csv << base_name(o.common.model_path) << "," << texts.size() << "," << total_tokens << "," << o.alpha << ","
-          << o.min_age << "," << o.split << "," << l << "," << (sliding[static_cast<std::size_t>(l)] ? "sliding" : "global")
+          << o.min_age << "," << o.min_fraction << "," << o.split << "," << l << "," << (sliding[static_cast<std::size_t>(l)] ? "sliding" : "global")
           << "," << fixed(ratio(s.overlap, s.late), 6) << "," << fixed(ratio(s.early, s.tokens), 6) << "," << s.early << ","
           << s.late << "," << s.overlap << "," << s.tokens << "\n";
     }
@@ -739,6 +746,10 @@ int main(int argc, char** argv) {
   p->add_option("--min-age", pe.min_age, "pivotal only at steps at least this many after the token")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  p->add_option("--min-fraction", pe.min_fraction,
+                "pivotal in a stretch: at >= this fraction of its steps (0: at least one step, the paper's)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   p->add_option("--split", pe.split, "S = floor(split * T)")->capture_default_str()->check(CLI::Range(0.01, 0.99));
   p->add_option("--csv", pe.csv, "write the layers as CSV");
   p->add_flag("--f32-cache", pe.f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
