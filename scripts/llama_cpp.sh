@@ -15,16 +15,9 @@
 # minutes); SCISSORHANDS_THREADS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-setup=$(bash scripts/setup_llama_cpp.sh)
-prefix=$(sed -n 's/^prefix=//p' <<<"$setup")
-gemma=$(sed -n 's/^gemma=//p' <<<"$setup")
-build=${SCISSORHANDS_BUILD_DIR:-build}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DSCISSORHANDS_LLAMA_CPP_PREFIX="$prefix" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target scissorhands_llamacpp
-bin=./$build/examples/llama_cpp/scissorhands_llamacpp
+built=$(bash scripts/llama_cpp_build.sh)
+bin=$(sed -n 's/^bin=//p' <<<"$built")
+gemma=$(sed -n 's/^gemma=//p' <<<"$built")
 threads=${SCISSORHANDS_THREADS:-2}
 mkdir -p results
 licences=/usr/share/common-licenses

@@ -20,8 +20,8 @@ SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::streaming,
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::random, sh::with_granularity<sh::random_policy, sh::shared_layers<>>);
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(sh_llama::snapkv, sh::with_granularity<sh::snapkv_policy, sh::shared_layers<>>);
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(
-    sh_llama::scissorhands_mean_layers,
-    sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<sh::mean_score, sh::mean_score>>);
+    sh_llama::scissorhands_max_layers,
+    sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<sh::mean_score, sh::max_score>>);
 
 namespace sh_llama {
 namespace {
@@ -36,7 +36,7 @@ const preset presets[] = {
     SH_LLAMA_PRESET("scissorhands", scissorhands_default), SH_LLAMA_PRESET("scissorhands-paper", scissorhands_paper),
     SH_LLAMA_PRESET("h2o", h2o),                           SH_LLAMA_PRESET("tova", tova),
     SH_LLAMA_PRESET("streaming", streaming),               SH_LLAMA_PRESET("random", random),
-    SH_LLAMA_PRESET("snapkv", snapkv),                     SH_LLAMA_PRESET("scissorhands-mean-layers", scissorhands_mean_layers),
+    SH_LLAMA_PRESET("snapkv", snapkv),                     SH_LLAMA_PRESET("scissorhands-max-layers", scissorhands_max_layers),
 };
 #undef SH_LLAMA_PRESET
 
@@ -49,7 +49,7 @@ const preset* find_preset(const char* name) noexcept {
 }
 
 const char* preset_names() noexcept {
-  return "scissorhands, scissorhands-paper, h2o, tova, streaming, random, snapkv, scissorhands-mean-layers";
+  return "scissorhands, scissorhands-paper, h2o, tova, streaming, random, snapkv, scissorhands-max-layers";
 }
 
 }  // namespace sh_llama

@@ -12,8 +12,9 @@ SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::tova);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::streaming);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::random);
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::snapkv);  // pooled attention mass; prefill: the prompt's last 32 queries
-// The default with the layers' scores averaged instead of their maximum.
-SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_mean_layers);
+// The default with the layers' maximum score instead of their mean (the
+// library's default reduction until Gemma 3 270M was measured).
+SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_max_layers);
 
 namespace sh_llama {
 
@@ -40,7 +41,7 @@ struct preset {
 };
 
 // The presets by name: "scissorhands", "scissorhands-paper", "h2o", "tova",
-// "streaming", "random", "snapkv", "scissorhands-mean-layers"; null for
+// "streaming", "random", "snapkv", "scissorhands-max-layers"; null for
 // another name.
 const preset* find_preset(const char* name) noexcept;
 // "scissorhands, scissorhands-paper, ..." for messages.

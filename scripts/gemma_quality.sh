@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The quality sweep on Gemma 3 270M through stock llama.cpp (docs/quality.md,
+# "Gemma 3 270M"): 16 texts of 2,000 tokens (12 real: six licences of
+# /usr/share/common-licenses as scripts/llama_cpp.sh uses, two more licences,
+# two CMake manuals, dpkg's trigger spec, a zlib example in C; four sampled
+# from the model, seeds 1-4), 32 tokens per llama_decode.
+#   1. persistence of importance per layer (the paper's definition, min age
+#      10, min fraction 0.1), full cache;
+#   2. decode protocol at 6.25 / 12.5 / 25 / 50% of the text: the default,
+#      the paper's setting, H2O (raw, normalised), TOVA, StreamingLLM,
+#      llama.cpp's context shift, random, the default's variants (r a share
+#      of the budget, the layers' max instead of their mean);
+#   3. prefill protocol (half the text, compressed once) at 6.25 / 12.5 /
+#      25%: the same, SnapKV (the prompt's last 32 queries) in place of the
+#      context shift;
+#   4. tables, the goal cell by cell, compression, plot.
+# Writes results/gemma_*. On 2 cores: about 1 h 45 min for steps 1-2's
+# main policies and step 3, about 4 h with every variant
+# (SCISSORHANDS_GEMMA_VARIANTS=0 skips them). SCISSORHANDS_THREADS (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+built=$(bash scripts/llama_cpp_build.sh)
+bin=$(sed -n 's/^bin=//p' <<<"$built")
+gemma=$(sed -n 's/^gemma=//p' <<<"$built")
+threads=${SCISSORHANDS_THREADS:-2}
+out=results
+mkdir -p "$out/gemma_tokens"
+L=/usr/share/common-licenses
+texts=("$L/GPL-1" "$L/GPL-2" "$L/GPL-3" "$L/LGPL-2.1" "$L/MPL-1.1" "$L/MPL-2.0" "$L/Apache-2.0" "$L/GFDL-1.3"
+       /usr/share/cmake-3.25/Help/manual/cmake-buildsystem.7.rst /usr/share/cmake-3.25/Help/manual/cmake-language.7.rst
+       /usr/share/doc/dpkg/spec/triggers.txt /usr/share/doc/zlib1g-dev/examples/gzjoin.c)
+SECONDS=0
+# 1. Persistence; it also tokenizes and samples the 16 texts once.
+"$bin" persistence --model "$gemma" --text "${texts[@]}" --samples 4 --sample-seed 1 --length 2000 \
+  --threads "$threads" --save-tokens "$out/gemma_tokens" --csv "$out/gemma_persistence_age0.csv" \
+  | tee "$out/gemma_persistence_age0.txt"
+tokens=("$out"/gemma_tokens/*.tokens)
+"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-age 10 --threads "$threads" \
+  --csv "$out/gemma_persistence_age10.csv" | tee "$out/gemma_persistence_age10.txt"
+"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-fraction 0.1 --threads "$threads" \
+  --csv "$out/gemma_persistence_q01.csv" | tee "$out/gemma_persistence_q01.txt"
+echo "persistence: $SECONDS s"
+main=(scissorhands scissorhands-paper h2o tova streaming random)
+variants=(h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers)
+[ "${SCISSORHANDS_GEMMA_VARIANTS:-1}" = 1 ] || variants=()
+run() {  # protocol budgets... -- policies...
+  local protocol=$1; shift
+  local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
+  "$bin" evaluate --model "$gemma" --tokens "${tokens[@]}" --protocol "$protocol" --chunk 32 --threads "$threads" \
+    --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$protocol.csv" | tee "$out/gemma_$protocol.txt"
+  echo "$protocol: $SECONDS s"
+}
+# 2. Decode (50% included); 3. prefill (at 50% the budget holds the whole prompt: nothing to evict).
+run decode 6.25 12.5 25 50 -- "${main[@]}" context-shift "${variants[@]}"
+run prefill 6.25 12.5 25 -- "${main[@]}" snapkv "${variants[@]}"
+# 4. Tables and plot.
+python3 scripts/gemma_summary.py --tiny docs/quality.md \
+  --persistence "$out/gemma_persistence_age0.csv" "$out/gemma_persistence_age10.csv" "$out/gemma_persistence_q01.csv" \
+  -- "$out/gemma_decode.csv" "$out/gemma_prefill.csv" \
+  | tee "$out/gemma_summary.md"
+if command -v gnuplot >/dev/null; then
+  python3 scripts/llama_cpp_plot.py "$out/gemma_decode.csv" "$out/gemma_prefill.csv" "$out/gemma_quality.png"
+fi
+echo "scripts/gemma_quality.sh: $SECONDS s"
