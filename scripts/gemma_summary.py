@@ -129,25 +129,6 @@ def pct(budget):
     return float(budget.rstrip("%"))
 
 
-def compression(rows, budgets):
-    """rows: policy -> {budget: increase}. The largest compression (text / budget)
-    whose budget, and every larger budget measured, stays within the limit."""
-    out = ["| policy | within 1% | within 0.5% |", "|---|---|---|"]
-    for policy, values in rows.items():
-        cols = []
-        for limit in (1.0, 0.5):
-            measured = [b for b in budgets if b in values]
-            good = None
-            for b in sorted(measured, key=pct, reverse=True):
-                if values[b] > limit:
-                    break
-                good = b
-            cols.append(f"{100.0 / pct(good):.3g}× ({good}: {values[good]:+.2f}%)" if good else
-                        f"none (at {max(measured, key=pct)}: {values[max(measured, key=pct)]:+.2f}%)")
-        out.append(f"| {policy} | " + " | ".join(cols) + " |")
-    return "\n".join(out)
-
-
 def reach(values, budgets, limit):
     """The largest compression (text / budget) whose budget and every larger
     measured budget stay within `limit`; None when even the largest fails."""
@@ -157,6 +138,21 @@ def reach(values, budgets, limit):
             break
         good = b
     return good
+
+
+def compression(rows, budgets):
+    """rows: policy -> {budget: increase}. The largest compression (text / budget)
+    whose budget, and every larger budget measured, stays within the limit."""
+    out = ["| policy | within 1% | within 0.5% |", "|---|---|---|"]
+    for policy, values in rows.items():
+        cols = []
+        for limit in (1.0, 0.5):
+            good = reach(values, budgets, limit)
+            largest = max((b for b in budgets if b in values), key=pct)
+            cols.append(f"{100.0 / pct(good):.3g}× ({good}: {values[good]:+.2f}%)" if good else
+                        f"none (at {largest}: {values[largest]:+.2f}%)")
+        out.append(f"| {policy} | " + " | ".join(cols) + " |")
+    return "\n".join(out)
 
 
 # The same policies under the two programs' names (examples/llama's sweep: tiny models).
