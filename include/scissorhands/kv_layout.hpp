@@ -64,11 +64,11 @@ namespace detail {
 // check itself free of overflow.
 constexpr bool strides_are_unique(std::array<std::int64_t, 3> strides, std::array<std::int64_t, 3> extents,
                                   std::int64_t row) {
-  std::array<int, 3> order{0, 1, 2};
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return strides[a] < strides[b]; });
+  std::array<std::size_t, 3> order{0, 1, 2};
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return strides[a] < strides[b]; });
   std::int64_t spanned = row;  // elements covered by the levels already seen
   constexpr std::int64_t limit = std::int64_t{1} << 62;
-  for (int i : order) {
+  for (std::size_t i : order) {
     if (extents[i] <= 1) continue;
     if (strides[i] < spanned) return false;
     spanned = strides[i] > limit / extents[i] ? limit : strides[i] * extents[i];
@@ -82,7 +82,7 @@ constexpr std::int64_t layout_extent(std::array<std::int64_t, 3> strides, std::a
                                      std::int64_t row) {
   constexpr std::int64_t limit = std::int64_t{1} << 62;
   std::int64_t last = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     if (extents[i] <= 0) return 0;
     const std::int64_t steps = extents[i] - 1;
     if (steps != 0 && strides[i] > (limit - last) / steps) return limit;

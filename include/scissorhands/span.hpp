@@ -1,6 +1,7 @@
 #pragma once
 // Non-owning spans whose memory space is part of the type (as in RAFT): a
 // host_span cannot be passed where a device_span is expected.
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -29,7 +30,9 @@ struct span {
   SCISSORHANDS_HOST_DEVICE constexpr T* data() const { return data_; }
   SCISSORHANDS_HOST_DEVICE constexpr std::size_t size() const { return size_; }
   SCISSORHANDS_HOST_DEVICE constexpr bool empty() const { return size_ == 0; }
-  SCISSORHANDS_HOST_DEVICE constexpr T& operator[](std::size_t i) const { return data_[i]; }
+  // Any integral index, used as is: callers index with int32 and size_t alike.
+  template <std::integral I>
+  SCISSORHANDS_HOST_DEVICE constexpr T& operator[](I i) const { return data_[i]; }
   SCISSORHANDS_HOST_DEVICE constexpr T* begin() const { return data_; }
   SCISSORHANDS_HOST_DEVICE constexpr T* end() const { return data_ + size_; }
 };

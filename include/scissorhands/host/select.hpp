@@ -271,7 +271,7 @@ auto plan_select(const char* fn, const Policy& policy, View cache, model_state<m
         choose_shared(policy, model, r, len, evict, pinned, scratch);
       }
       const std::size_t at = static_cast<std::size_t>(b) * static_cast<std::size_t>(selection.stride);
-      std::int32_t k = 0;
+      std::size_t k = 0;
       for (std::int32_t t = 0; t < len; ++t) {
         if (!scratch.evicted[t]) continue;
         selection.slots[at + k] = t;
