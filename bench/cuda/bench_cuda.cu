@@ -401,7 +401,7 @@ double observe_state_bytes(const layer& l) { return l.tokens() * (2.0 * 8 + 2.0 
 void bm_observe_queries(benchmark::State& s, int batch, int budget, int state_slots) {
   layer l(batch, budget, state_slots);
   const auto q = sh::query_view<T, sh::memory_space::device>::dense({l.queries.p, l.queries.n}, q_heads, 1, head_dim);
-  const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1);
+  const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1, sh::lse_base::natural);
   auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.stream)); };
   const double t = time_calls(s, l.stream, [] {}, call);
   l.require_ok(s);

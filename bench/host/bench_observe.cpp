@@ -192,7 +192,7 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
     }
   sh::lse_view<sh::memory_space::host> lse{};
   if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
-                    sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1);
+                    sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1, sh::lse_base::natural);
   sh::host::observe_queries(policy, cache, l.state, queries, lse);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {

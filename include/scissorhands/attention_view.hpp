@@ -98,13 +98,16 @@ struct query_view {
 };
 
 // FlashAttention returns the natural log-sum-exp of the scaled logits;
-// FlashInfer returns it in base 2.
-enum class lse_base { natural, base2 };
+// FlashInfer returns it in base 2. No default: a natural LSE read as base 2
+// (or the reverse) gives scores off by a factor of e^(0.31 lse) and nothing
+// downstream can tell, so the engine names its kernel's base, and a view
+// built without one (`unspecified`) is refused by observe_queries.
+enum class lse_base { unspecified, natural, base2 };
 
 template <memory_space Space>
 struct lse_view {
   span<const float, Space> data;  // empty: the library computes the normaliser itself
-  lse_base base = lse_base::natural;
+  lse_base base = lse_base::unspecified;  // must be named when data is present
   std::int64_t sequence_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
@@ -117,18 +120,17 @@ struct lse_view {
     return base == lse_base::base2 ? x * 0.693147180559945309f : x;
   }
   // Dense [batch][q_heads][q_len] (head-major, as FlashAttention returns it).
-  static lse_view dense(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len,
-                        lse_base base = lse_base::natural) {
+  static lse_view dense(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len, lse_base base) {
     return {data, base, std::int64_t{q_heads} * q_len, q_len, 1, {}};
   }
   // Token-major [batch * q_len][q_heads] (FlashInfer's layout) for a uniform q_len.
   static lse_view token_major(span<const float, Space> data, std::int32_t q_heads, std::int32_t q_len,
-                              lse_base base = lse_base::base2) {
+                              lse_base base) {
     return {data, base, std::int64_t{q_len} * q_heads, 1, q_heads, {}};
   }
   // Ragged token-major [token][q_heads], tokens as qo_indptr lists them (FlashInfer).
   static lse_view ragged(span<const float, Space> data, span<const std::int32_t, Space> qo_indptr,
-                         std::int32_t q_heads, lse_base base = lse_base::base2) {
+                         std::int32_t q_heads, lse_base base) {
     return {data, base, 0, 1, q_heads, qo_indptr};
   }
 };

@@ -19,7 +19,11 @@ namespace scissorhands {
 template <memory_space Space>
 struct compress_output {
   span<std::int32_t, Space> new_lengths;  // [batch] every sequence's length after the call
-  span<std::int32_t, Space> freed_pages;  // paged: [batch] trailing pages now empty; contiguous: empty or [batch] (0)
+  // [batch] trailing pages a compaction emptied. Required for pages of
+  // several tokens; optional (empty) for page size 1, where it counts
+  // trailing slots (= length - new length) and a slot-allocator engine
+  // frees selection.cache_slots instead, and for contiguous caches (all 0).
+  span<std::int32_t, Space> freed_pages;
 };
 
 }  // namespace scissorhands

@@ -574,7 +574,7 @@ int run_error_tests() {
       return sh::cuda::observe_queries(
           c.policy, c.device_view(), c.device_state(),
           sh::query_view<float, device_space>::ragged({in.d_q.data(), in.q.size()}, qo, c.QH, c.D),
-          sh::lse_view<device_space>::ragged({in.d_lse.data(), in.lse.size()}, qo2, c.QH), 0.0f);
+          sh::lse_view<device_space>::ragged({in.d_lse.data(), in.lse.size()}, qo2, c.QH, sh::lse_base::base2), 0.0f);
     });
     expect_throw(c, "qo_indptr of the wrong size", "qo_indptr", [&] {
       return sh::cuda::observe_queries(
@@ -587,7 +587,7 @@ int run_error_tests() {
           sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size() - 1}, c.QH, 1, c.D));
     });
     const auto dense_q = sh::query_view<float, device_space>::dense({in.d_q.data(), in.q.size()}, c.QH, 1, c.D);
-    const auto dense_lse = sh::lse_view<device_space>::dense({in.d_lse.data(), in.lse.size()}, c.QH, 1);
+    const auto dense_lse = sh::lse_view<device_space>::dense({in.d_lse.data(), in.lse.size()}, c.QH, 1, sh::lse_base::natural);
     expect_throw(c, "a negative queries stride", "queries strides", [&] {
       auto qv = dense_q;
       qv.query_stride = -1;
@@ -615,6 +615,11 @@ int run_error_tests() {
     expect_throw(c, "a negative log-sum-exp stride", "lse strides", [&] {
       auto lv = dense_lse;
       lv.head_stride = -1;
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
+    });
+    expect_throw(c, "a log-sum-exp base left unspecified", "lse.base", [&] {
+      auto lv = dense_lse;
+      lv.base = sh::lse_base::unspecified;
       return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
     });
     expect_throw(c, "a log-sum-exp base that is neither natural nor base2", "lse.base", [&] {

@@ -65,9 +65,9 @@ int run_wide_elements() {
     const auto dst = sh::make_state(d_buf.span(), shape);
     sh::host::reset_state(hst);
     CUDA_CHECK(sh::cuda::reset_state(dst));
-    const auto hl = with_lse ? sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, 1)
+    const auto hl = with_lse ? sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, 1, sh::lse_base::natural)
                              : sh::lse_view<host_space>{};
-    const auto dl = with_lse ? sh::lse_view<device_space>::dense({d_lse.data(), d_lse.size()}, QH, 1)
+    const auto dl = with_lse ? sh::lse_view<device_space>::dense({d_lse.data(), d_lse.size()}, QH, 1, sh::lse_base::natural)
                              : sh::lse_view<device_space>{};
     // Two steps: the first admits every token, the second updates them.
     mismatch_log log;

@@ -253,7 +253,7 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
     if (with_lse) {
       // The attention kernel's log-sum-exp over the dequantized keys.
       lse.resize(static_cast<std::size_t>(B) * QH * q_len);
-      hl = sh::lse_view<qhost>::dense({lse.data(), lse.size()}, QH, q_len);
+      hl = sh::lse_view<qhost>::dense({lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
       c.with_views([&](auto hv, auto) {
         std::vector<float> k(static_cast<std::size_t>(D));
         for (int b = 0; b < B; ++b)
@@ -270,7 +270,7 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
       });
       d_lse = device_buffer<float>(lse.size());
       d_lse.upload(lse);
-      dl = sh::lse_view<qdevice>::dense({d_lse.data(), lse.size()}, QH, q_len);
+      dl = sh::lse_view<qdevice>::dense({d_lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
     }
     c.with_views([&](auto hv, auto dv) {
       sh::host::observe_queries(policy, hv, hst, hq, hl);

@@ -171,6 +171,7 @@ struct layer {
 
 br::settings test_settings() {
   br::settings s;
+  check_ok(api::default_settings(&s), "default_settings");  // the preset's, then the test's numbers
   s.window = window;
   s.recent = recent;
   s.sinks = sinks;
@@ -347,7 +348,7 @@ void run_paged_scenario() {
   std::vector<float> queries(std::size_t{3} * q_heads * head_dim, 0.25f);
   std::vector<float> lse2(std::size_t{3} * q_heads, 1.0f);
   const auto good_queries = api::queries::ragged(queries.data(), queries.size(), qo_indptr.data(), q_heads, head_dim);
-  const auto good_lse = br::lse::ragged(lse2.data(), lse2.size(), qo_indptr.data(), q_heads);
+  const auto good_lse = br::lse::ragged(lse2.data(), lse2.size(), qo_indptr.data(), q_heads, br::lse_base::base2);
   // Sanity: these arguments are accepted (on a scratch copy of the layer).
   {
     layer scratch(bytes);
@@ -410,22 +411,27 @@ void run_paged_scenario() {
     bad.q_heads = 3;
     return api::observe_queries(s, cache, state, bad, br::lse{});
   });
+  expect_refused("observe_queries: lse base not named", "lse.base", bridged, [&] {
+    br::lse unnamed = good_lse;
+    unnamed.base = br::lse_base::unspecified;
+    return api::observe_queries(s, cache, state, good_queries, unnamed);
+  });
   expect_refused("observe_queries: decreasing qo_indptr", "qo_indptr", bridged, [&] {
     const std::vector<std::int32_t> decreasing{0, 2, 1, 3, 3};
     return api::observe_queries(
         s, cache, state, api::queries::ragged(queries.data(), queries.size(), decreasing.data(), q_heads, head_dim),
-        br::lse::ragged(lse2.data(), lse2.size(), decreasing.data(), q_heads));
+        br::lse::ragged(lse2.data(), lse2.size(), decreasing.data(), q_heads, br::lse_base::base2));
   });
   expect_refused("observe_queries: lse over another qo_indptr array", "lse.qo_indptr", bridged, [&] {
     const std::vector<std::int32_t> copy(qo_indptr.begin(), qo_indptr.end());
     return api::observe_queries(s, cache, state, good_queries,
-                                br::lse::ragged(lse2.data(), lse2.size(), copy.data(), q_heads));
+                                br::lse::ragged(lse2.data(), lse2.size(), copy.data(), q_heads, br::lse_base::base2));
   });
   expect_refused("observe_queries: NaN log-sum-exp", "lse", bridged, [&] {
     std::vector<float> bad = lse2;
     bad[1] = std::nanf("");
     return api::observe_queries(s, cache, state, good_queries,
-                                br::lse::ragged(bad.data(), bad.size(), qo_indptr.data(), q_heads));
+                                br::lse::ragged(bad.data(), bad.size(), qo_indptr.data(), q_heads, br::lse_base::base2));
   });
   expect_refused("observe_queries: page id outside the pool", "cache.indices", bridged, [&] {
     std::vector<std::int32_t> bad = bridged.indices;
@@ -447,6 +453,17 @@ void run_paged_scenario() {
   expect_refused("make_state: misaligned buffer", "buffer", bridged, [&] {
     br::state ignored;
     return api::make_state(static_cast<char*>(bridged.state.data) + 8, bytes - 8, shape, &ignored);
+  });
+  // A settings default_settings did not fill holds the paper's numbers, not
+  // the preset's: refused by every call, compress and make_state_shape shown.
+  expect_refused("compress: settings not from default_settings", "settings", bridged, [&] {
+    br::settings by_hand;
+    by_hand.window = window;
+    return api::compress(by_hand, cache, state, budget, workspace, ws, out);
+  });
+  expect_refused("make_state_shape: settings not from default_settings", "settings", bridged, [&] {
+    br::state_shape ignored;
+    return api::make_state_shape(br::settings{}, state_rows_count, kv_heads, capacity, &ignored);
   });
   expect_refused("make_state_shape: window 0", "settings.window", bridged, [&] {
     br::settings bad = s;
@@ -494,6 +511,8 @@ void run_contiguous_h2o() {
   cache.head_dim = dim;
   cache.capacity = capacity;
   br::settings s;
+  check_ok(h2o::default_settings(&s), "h2o default_settings");
+  check(!s.normalize && s.recent == 10 && s.evict_count == 1, "h2o default_settings are h2o_policy's");
   s.recent = 1;
   s.evict_count = 1;
   s.compaction_mode = br::compaction::preserve_order;

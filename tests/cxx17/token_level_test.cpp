@@ -431,10 +431,11 @@ struct refusals {
     bad.counts = nullptr;
     expect("select: null counts", "selection.counts",
            [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    // Page size 1: freed_pages would count trailing cells, which llama.cpp
+    // must not free (it frees cache_slots): optional, so null is accepted.
     bad = sel;
     bad.out.freed_pages = nullptr;
-    expect("select: null freed_pages", "selection.out.freed_pages",
-           [&] { return select(table, model_d, budget, workspace.size, bad, nullptr); });
+    check_ok(select(table, model_d, budget, workspace.size, bad, nullptr), "select: null freed_pages at page size 1");
     bad = sel;
     bad.cache_slots = e.counts.data();
     expect("select: cache_slots over counts", "selection.cache_slots",
@@ -489,6 +490,9 @@ struct refusals {
            [&] { return api::make_model_state(small.data, small.size, shape, layers, &out); });
     check(out.buffer == nullptr && out.layer_bytes == 0, "make_model_state: refused, out untouched");
     expect("default_settings: null", "settings", [&] { return api::default_settings(nullptr); });
+    expect("make_state_shape: settings not from default_settings", "settings", [&] {
+      return api::make_state_shape(br::settings{}, rows, kv_heads, capacity, &shape);
+    });
     br::settings bad_settings = s;
     bad_settings.evict_count = 0;
     expect("make_state_shape: m = 0", "settings.evict_count",
@@ -505,6 +509,8 @@ void default_settings_are_the_policys() {
             mine.normalize == theirs.normalize && mine.compaction_mode == theirs.compaction_mode &&
             mine.seed == theirs.seed && mine.pool_width == theirs.pool_width && mine.pool_mode == theirs.pool_mode,
         "default_settings is Policy{}.config field by field");
+  check(mine.filled == br::settings_filled && br::settings{}.filled != br::settings_filled,
+        "default_settings marks what it filled; a settings{} is unmarked");
   // scissorhands_policy's measured numbers, not bridge::settings{}'s (the paper's).
   check(mine.window == 25 && mine.alpha == 2.0f && mine.normalize && br::settings{}.window == 400,
         "default_settings gives the preset's numbers");

@@ -158,9 +158,9 @@ struct step_inputs {
     return sh::query_view<float, host>::ragged({queries.data(), queries.size()}, qo_span(), q_heads, head_dim);
   }
   sh::lse_view<host> uniform_lse() const {
-    return sh::lse_view<host>::token_major({lse.data(), lse.size()}, q_heads, chunk);
+    return sh::lse_view<host>::token_major({lse.data(), lse.size()}, q_heads, chunk, sh::lse_base::base2);
   }
-  sh::lse_view<host> ragged_lse() const { return sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads); }
+  sh::lse_view<host> ragged_lse() const { return sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads, sh::lse_base::base2); }
   sh::probability_view<host> uniform_probs() const {
     return sh::probability_view<host>::dense({probs.data(), probs.size()}, q_heads, chunk, table_capacity);
   }

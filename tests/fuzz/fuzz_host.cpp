@@ -1862,10 +1862,14 @@ class fuzz_case {
       switch (src_.in(0, 7)) {
         case 0: freed = {store + n + 2, n + 1}; break;
         case 1: freed = {nullptr, n}; break;
-        case 2:
+        case 2: {
           freed = {store + n + 2, n - 1};
-          out_ok = !Paged && n == 1;  // an empty span is fine for a contiguous cache
+          // An empty span is fine for a contiguous cache and for page size 1.
+          bool optional = true;
+          if constexpr (Paged) optional = v.page_size == 1;
+          out_ok = optional && n == 1;
           break;
+        }
         case 3: new_lengths = {store + 1, src_.flag() ? n - 1 : n + 1}; break;
         case 4: new_lengths = {nullptr, n}; break;
         case 5: {
@@ -3516,9 +3520,11 @@ class layers_case {
           c.sel.out.freed_pages = {nullptr, nb};
           c.structural = true;
         } else {
-          // One entry short (contiguous, batch 1: empty, which is fine).
+          // One entry short (contiguous or page size 1, batch 1: empty, which is fine).
           c.sel.out.freed_pages = {c.store->data() + c.store->size() - 1 - nb, nb - 1};
-          c.structural = Paged || nb != 1;
+          bool required = false;
+          if constexpr (Paged) required = c.v.page_size > 1;
+          c.structural = required || nb != 1;
         }
         break;
       case 6: c.structural = overlap_output(c); break;

@@ -533,7 +533,7 @@ TEST_CASE("bad input: null lse with a size", "[bad_input][regression]") {
   contiguous_fixture f;
   std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
   auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
-  auto lse = sh::lse_view<host>::dense({nullptr, std::size_t{f.batch} * f.q_heads}, f.q_heads, 1);
+  auto lse = sh::lse_view<host>::dense({nullptr, std::size_t{f.batch} * f.q_heads}, f.q_heads, 1, sh::lse_base::natural);
   check_refused(f, "host::observe_queries", "lse.data",
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
 }
@@ -743,10 +743,28 @@ TEST_CASE("bad input: negative lse stride", "[bad_input]") {
   std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
   auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
   std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1);
+  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
   lse.head_stride = -1;
   check_refused(f, "host::observe_queries", "lse strides",
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+}
+
+// The base is the engine's to name: a view built without one (aggregate
+// initialised, or a bridge lse with the default) is refused, never read as
+// natural, whatever the factory used to assume.
+TEST_CASE("bad input: lse base not named", "[bad_input]") {
+  contiguous_fixture f;
+  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
+  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
+  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
+  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
+  lse.base = sh::lse_base::unspecified;
+  check_refused(f, "host::observe_queries", "lse.base",
+                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  lse.base = static_cast<sh::lse_base>(7);
+  check_refused(f, "host::observe_queries", "lse.base",
+                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  CHECK(sh::lse_view<host>{}.base == sh::lse_base::unspecified);
 }
 
 TEST_CASE("bad input: softmax scale NaN or negative", "[bad_input]") {
@@ -764,7 +782,7 @@ TEST_CASE("bad input: non-finite lse", "[bad_input]") {
   auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
   std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
   l[5] = nan_f;
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1);
+  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
   check_refused(f, "host::observe_queries", "lse",
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
 }
@@ -774,7 +792,7 @@ TEST_CASE("bad input: lse buffer too small", "[bad_input]") {
   std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
   auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
   std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size() - 1}, f.q_heads, 1);
+  auto lse = sh::lse_view<host>::dense({l.data(), l.size() - 1}, f.q_heads, 1, sh::lse_base::natural);
   check_refused(f, "host::observe_queries", "lse.data",
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
 }

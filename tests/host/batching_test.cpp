@@ -120,7 +120,7 @@ TEMPLATE_TEST_CASE("ragged queries equal one uniform call per sequence, through 
       }
   }
   const sh::host_span<const std::int32_t> qo{qo_indptr.data(), qo_indptr.size()};
-  const auto lse_view = with_lse ? sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, QH)
+  const auto lse_view = with_lse ? sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, QH, sh::lse_base::base2)
                                  : sh::lse_view<host>{};
   sh::host::observe_queries(policy, cache.view(), batched,
                             sh::query_view<float, host>::ragged({q.data(), q.size()}, qo, QH, D), lse_view);
@@ -132,7 +132,7 @@ TEMPLATE_TEST_CASE("ragged queries equal one uniform call per sequence, through 
     const std::size_t at = static_cast<std::size_t>(qo_indptr[b]) * QH * D;
     const auto qv = sh::query_view<float, host>::dense({q.data() + at, q.size() - at}, QH, q_len, D);
     const std::size_t lat = static_cast<std::size_t>(qo_indptr[b]) * QH;
-    const auto lv = with_lse ? sh::lse_view<host>::token_major({lse.data() + lat, lse.size() - lat}, QH, q_len)
+    const auto lv = with_lse ? sh::lse_view<host>::token_major({lse.data() + lat, lse.size() - lat}, QH, q_len, sh::lse_base::base2)
                              : sh::lse_view<host>{};
     sh::host::observe_queries(policy, cache.one(b), st, qv, lv);
   }
@@ -216,7 +216,7 @@ TEST_CASE("bad state rows and query tables are refused and change nothing", "[ba
     const sh::host_span<const std::int32_t> qs{qo.data(), qo.size()};
     sh::host::observe_queries(policy, cache.view(), st.for_batch({rows.data(), rows.size()}),
                               sh::query_view<float, host>::ragged({q.data(), q.size()}, qs, QH, D),
-                              sh::lse_view<host>::ragged({lse.data(), lse.size()}, qs, QH));
+                              sh::lse_view<host>::ragged({lse.data(), lse.size()}, qs, QH, sh::lse_base::base2));
   };
   const auto compress = [&] {
     sh::host::compress(policy, cache.view(), st.for_batch({rows.data(), rows.size()}), 4,
@@ -286,7 +286,7 @@ TEST_CASE("bad state rows and query tables are refused and change nothing", "[ba
             sh::host::observe_queries(
                 policy, cache.view(), st.for_batch({rows.data(), rows.size()}),
                 sh::query_view<float, host>::ragged({q.data(), q.size()}, {qo.data(), qo.size()}, QH, D),
-                sh::lse_view<host>::ragged({lse.data(), lse.size()}, {other.data(), other.size()}, QH));
+                sh::lse_view<host>::ragged({lse.data(), lse.size()}, {other.data(), other.size()}, QH, sh::lse_base::base2));
           }) == "lse.qo_indptr");
   }
   CHECK(unchanged());

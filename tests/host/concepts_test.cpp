@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "support.hpp"
@@ -200,4 +201,27 @@ TEST_CASE("a user-defined observation policy runs through the host backend", "[c
   CHECK(st.state.scores[0] == 0.25f);
   CHECK(st.state.scores[1] == 0.0625f);
   CHECK(st.state.scores[2] == 0.0625f);
+}
+
+// The defaults are the library's measured default everywhere: the template
+// arguments of eviction_policy<> and the settings it starts from are
+// scissorhands_policy's (never important_indicator, which lost to random).
+TEST_CASE("eviction_policy<> is the measured default, scissorhands_policy", "[concepts]") {
+  using defaulted = sh::eviction_policy<>;
+  STATIC_REQUIRE(std::is_same_v<defaulted::observation, sh::scissorhands_policy::observation>);
+  STATIC_REQUIRE(std::is_same_v<defaulted::history, sh::scissorhands_policy::history>);
+  STATIC_REQUIRE(std::is_same_v<defaulted::observation, sh::unimportant_indicator>);
+  const auto mine = defaulted{}.config;
+  const auto preset = sh::scissorhands_policy{}.config;
+  CHECK(mine.window == preset.window);
+  CHECK(mine.alpha == preset.alpha);
+  CHECK(mine.normalize == preset.normalize);
+  CHECK(mine.recent == preset.recent);
+  CHECK(mine.window == 25);
+  // The paper's preset still holds the paper's numbers; other compositions
+  // keep the field defaults (H2O raw, the important count at w = 400).
+  const auto paper = sh::scissorhands_paper_policy{}.config;
+  CHECK((paper.window == 400 && paper.alpha == 1.0f && !paper.normalize));
+  CHECK(!sh::h2o_policy{}.config.normalize);
+  CHECK(sh::important_count_policy{}.config.window == 400);
 }

@@ -224,6 +224,9 @@ void drive(const Policy& policy, const scenario& sc, std::vector<Cache>& caches)
       std::fill(slots.begin(), slots.end(), -5);
       std::fill(cache_slots.begin(), cache_slots.end(), -5);
       auto out = caches[0].output();
+      // A slot-list engine (page size 1) frees cache_slots, never trailing
+      // pages: freed_pages is optional there and this engine leaves it out.
+      if (sc.apply == apply_mode::forget) out.freed_pages = {};
       sh::eviction_selection<host> sel{stride, {counts.data(), counts.size()}, {slots.data(), slots.size()},
                                        {cache_slots.data(), cache_slots.size()}, out};
       const auto cache0 = caches[0].view();

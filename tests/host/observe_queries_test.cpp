@@ -103,7 +103,7 @@ void compare_with_probabilities(Cache& cache, std::int32_t group, const query_ca
                                                                       columns));
     const auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, q_heads, q_len, D);
     sh::host::observe_queries(policy, view, natural.state, qv,
-                              sh::lse_view<host>::dense({lse_nat.data(), lse_nat.size()}, q_heads, q_len),
+                              sh::lse_view<host>::dense({lse_nat.data(), lse_nat.size()}, q_heads, q_len, sh::lse_base::natural),
                               qc.softmax_scale);
     sh::host::observe_queries(policy, view, base2.state, qv,
                               sh::lse_view<host>::dense({lse_2.data(), lse_2.size()}, q_heads, q_len,

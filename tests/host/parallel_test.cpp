@@ -380,7 +380,7 @@ class twin_engines {
               for (double x : logits) sum += std::exp(x - top);
               lse[token * QH + static_cast<std::size_t>(qh)] = static_cast<float>((top + std::log(sum)) / std::log(2.0));
             }
-        lv = sh::lse_view<host>::ragged({lse.data(), lse.size()}, qos, QH);
+        lv = sh::lse_view<host>::ragged({lse.data(), lse.size()}, qos, QH, sh::lse_base::base2);
       }
       sh::host::observe_queries(policy_, view0, st0, qv, lv, scale);
       const auto plan = sh::host::plan_observe_queries(policy_, view1, st1, qv, lv, scale);
@@ -914,7 +914,7 @@ TEST_CASE("parallel: refused plans, slices and thread counts write nothing", "[p
     const auto qv = sh::query_view<float, host>::ragged({q.data(), q.size()}, qo, f.H * f.G, f.D);
     refused(f, "host::plan_observe_queries", "lse", [&] {
       (void)sh::host::plan_observe_queries(p, view, f.state, qv,
-                                           sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, f.H * f.G));
+                                           sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, f.H * f.G, sh::lse_base::base2));
     });
     refused(f, "host::plan_observe_queries", "softmax_scale",
             [&] { (void)sh::host::plan_observe_queries(p, view, f.state, qv, {}, -1.0f); });

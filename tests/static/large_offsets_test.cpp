@@ -230,11 +230,11 @@ TEST_CASE("large: ragged views past 2^31 values", "[large]") {
   const auto qv = sh::query_view<float, host>::ragged({fake_data(), 1}, qo, 64, 256);
   CHECK(sh::detail::query_offset(qo, qv.sequence_stride, qv.head_stride, qv.query_stride, 1, 63, 4095) ==
         (std::int64_t{INT32_MAX} - 1) * 64 * 256 + 63 * 256);
-  const auto lse = sh::lse_view<host>::ragged({fake_data(), 1}, qo, 64);
+  const auto lse = sh::lse_view<host>::ragged({fake_data(), 1}, qo, 64, sh::lse_base::base2);
   CHECK(sh::host::detail::reach(qv, lse.sequence_stride, lse.head_stride, lse.query_stride, 2, 1) ==
         std::int64_t{INT32_MAX} * 64);
   // Uniform token-major lse: [batch * q_len][q_heads].
-  const auto tm = sh::lse_view<host>::token_major({fake_data(), 1}, 64, 1 << 20);
+  const auto tm = sh::lse_view<host>::token_major({fake_data(), 1}, 64, 1 << 20, sh::lse_base::base2);
   CHECK(tm.sequence_stride == std::int64_t{64} << 20);
   CHECK(tm.query_stride == 64);
   CHECK(tm.head_stride == 1);

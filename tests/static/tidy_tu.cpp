@@ -50,9 +50,9 @@ void use_backend(const Policy& policy, View cache, sh::eviction_state<host> stat
   sh::host::observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4),
                             sh::lse_view<host>::dense(values, 2, 1, sh::lse_base::base2));
   sh::host::observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4),
-                            sh::lse_view<host>::token_major(values, 2, 1), 0.5f);
+                            sh::lse_view<host>::token_major(values, 2, 1, sh::lse_base::base2), 0.5f);
   sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4),
-                            sh::lse_view<host>::ragged(values, qo, 2));
+                            sh::lse_view<host>::ragged(values, qo, 2, sh::lse_base::base2));
   sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4));
   const sh::compress_output<host> out{{e.new_lengths.data(), e.new_lengths.size()}, {e.freed.data(), e.freed.size()}};
   sh::host::compress(policy, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, out);

@@ -61,6 +61,15 @@ struct [[nodiscard]] error {
 enum class compaction { fill_holes, preserve_order };
 enum class pooling { max, mean };
 
+// Start from the preset's own numbers, then change fields:
+//   bridge::settings s;
+//   ns::default_settings(&s);  // what the translation unit's policy holds
+//   s.recent = 8;
+// The field defaults below are the paper's, not a preset's, so a settings
+// that default_settings did not fill is refused by every call (argument
+// "settings"): nothing runs silently on numbers nobody chose.
+inline constexpr std::uint32_t settings_filled = 0x5c155e75u;
+
 struct settings {
   std::int32_t window = 400;     // w: steps a sliding_window history remembers
   std::int32_t recent = 10;      // r: the r most recent tokens are never evicted
@@ -73,6 +82,7 @@ struct settings {
   std::uint32_t seed = 0;  // random_score
   std::int32_t pool_width = 1;  // odd, 1 = off; > 1 needs preserve_order (SnapKV pooling)
   pooling pool_mode = pooling::mean;
+  std::uint32_t filled = 0;  // settings_filled once default_settings wrote it; keep it when copying
 };
 
 // ---- caches -----------------------------------------------------------------
@@ -201,7 +211,9 @@ struct queries {
   }
 };
 
-enum class lse_base { natural, base2 };  // FlashAttention: natural; FlashInfer: base 2
+// FlashAttention: natural; FlashInfer: base 2. Named by the engine (no
+// default): a present lse with `unspecified` is refused (invalid_argument).
+enum class lse_base { unspecified, natural, base2 };
 
 // The attention kernel's log-sum-exp of the scaled logits (lse_view). data
 // null: the library computes the normaliser itself (one more read of K).
@@ -209,7 +221,7 @@ enum class lse_base { natural, base2 };  // FlashAttention: natural; FlashInfer:
 struct lse {
   const float* data = nullptr;
   std::size_t size = 0;
-  lse_base base = lse_base::natural;
+  lse_base base = lse_base::unspecified;
   std::int64_t sequence_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
@@ -217,17 +229,17 @@ struct lse {
 
   // [batch][q_heads][q_len] (FlashAttention)
   static constexpr lse dense(const float* data, std::size_t size, std::int32_t q_heads, std::int32_t q_len,
-                             lse_base base = lse_base::natural) noexcept {
+                             lse_base base) noexcept {
     return {data, size, base, std::int64_t{q_heads} * q_len, q_len, 1, nullptr};
   }
   // [batch * q_len][q_heads] (FlashInfer, uniform q_len)
   static constexpr lse token_major(const float* data, std::size_t size, std::int32_t q_heads, std::int32_t q_len,
-                                   lse_base base = lse_base::base2) noexcept {
+                                   lse_base base) noexcept {
     return {data, size, base, std::int64_t{q_len} * q_heads, 1, q_heads, nullptr};
   }
   // [token][q_heads] (FlashInfer, ragged)
   static constexpr lse ragged(const float* data, std::size_t size, const std::int32_t* qo_indptr, std::int32_t q_heads,
-                              lse_base base = lse_base::base2) noexcept {
+                              lse_base base) noexcept {
     return {data, size, base, 0, 1, q_heads, qo_indptr};
   }
 };
@@ -374,6 +386,8 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
 // the C++20 TU includes too: its SCISSORHANDS_BRIDGE_DEFINE defines these
 // by qualified name, so a definition that drifts from them cannot compile.
 //
+//   default_settings(&settings)                   the policy's own settings (its preset's numbers):
+//                                                 every other call refuses settings it did not fill
 //   make_state_shape(settings, rows, kv_heads, capacity, &shape)  ring_words from the policy
 //   state_bytes(shape, &bytes)                    bytes of one layer's state buffer
 //   make_state(buffer, bytes, shape, &state)      checks the buffer, fills the descriptor
@@ -389,6 +403,7 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
   using contiguous_cache = ::scissorhands::bridge::contiguous_cache<Element>;                                         \
   using paged_cache = ::scissorhands::bridge::paged_cache<Element>;                                                   \
   using queries = ::scissorhands::bridge::queries<Element>;                                                           \
+  ::scissorhands::bridge::error default_settings(::scissorhands::bridge::settings* settings) noexcept;                 \
   ::scissorhands::bridge::error make_state_shape(const ::scissorhands::bridge::settings& settings, std::int32_t rows, \
                                                  std::int32_t kv_heads, std::int32_t capacity,                        \
                                                  ::scissorhands::bridge::state_shape* shape) noexcept;                \

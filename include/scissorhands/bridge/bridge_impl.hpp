@@ -32,7 +32,7 @@ static_assert(static_cast<int>(error_code::ok) == static_cast<int>(scissorhands:
                   static_cast<int>(scissorhands::error_code::out_of_memory) &&
               static_cast<int>(error_code::internal) == static_cast<int>(scissorhands::error_code::internal));
 static_assert(error::name_size == error_info::name_size && error::message_size == error_info::message_size);
-static_assert(sizeof(settings) == sizeof(scissorhands::settings),
+static_assert(sizeof(settings) == sizeof(scissorhands::settings) + sizeof(std::uint32_t),  // + filled
               "scissorhands::settings changed: mirror the new field in bridge::settings and policy_of()");
 static_assert(static_cast<int>(compaction::fill_holes) == static_cast<int>(scissorhands::compaction::fill_holes) &&
               static_cast<int>(compaction::preserve_order) ==
@@ -73,8 +73,13 @@ inline host_span<const std::int32_t> per_sequence(const std::int32_t* data, std:
   return {data, data != nullptr ? n : 0};  // null stays "absent" (not ragged, no state_rows)
 }
 
+// Settings not filled by default_settings hold the paper's numbers whatever
+// the translation unit's preset is: refused rather than run.
 template <class Policy>
 Policy policy_of(const settings& s) {
+  require(s.filled == settings_filled, "bridge", "settings",
+          "were not filled by default_settings(): start from ns::default_settings(&settings), the preset's own "
+          "numbers, then change fields (a settings{} holds the paper's numbers, not the preset's)");
   Policy p;
   p.config.window = s.window;
   p.config.recent = s.recent;
@@ -104,6 +109,7 @@ inline settings settings_of(const scissorhands::settings& c) {
   s.seed = c.seed;
   s.pool_width = c.pool_width;
   s.pool_mode = static_cast<pooling>(c.pool_mode);
+  s.filled = settings_filled;
   return s;
 }
 
@@ -168,7 +174,9 @@ query_view<T, memory_space::host> view_of(const queries<T>& q, std::int32_t batc
 
 inline lse_view<memory_space::host> view_of(const lse& l, std::int32_t batch) {
   return {host_span<const float>(l.data, l.size),
-          l.base == lse_base::base2 ? scissorhands::lse_base::base2 : scissorhands::lse_base::natural,
+          l.base == lse_base::base2     ? scissorhands::lse_base::base2
+          : l.base == lse_base::natural ? scissorhands::lse_base::natural
+                                        : scissorhands::lse_base::unspecified,
           l.sequence_stride,
           l.head_stride,
           l.query_stride,
@@ -410,6 +418,9 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
 #define SCISSORHANDS_BRIDGE_DEFINE(ns, Element, ...)                                                                   \
   namespace ns {                                                                                                       \
   using policy_type = __VA_ARGS__;                                                                                     \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::default_settings(::scissorhands::bridge::settings* s) noexcept {                   \
+    return ::scissorhands::bridge::detail::default_settings<ns::policy_type>(s);                                       \
   }                                                                                                                    \
   ::scissorhands::bridge::error ns::make_state_shape(const ::scissorhands::bridge::settings& s, std::int32_t rows,     \
                                                      std::int32_t kv_heads, std::int32_t capacity,                     \

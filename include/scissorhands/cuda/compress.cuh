@@ -102,8 +102,8 @@ std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
 // length_after_compress (also for sequences skipped for a device-found
 // error: see status.cuh; a paged sequence whose indptr or last_page_len
 // entry is unusable counts as length 0, one listing a page id outside the
-// pool keeps the length those entries give) and out.freed_pages[b] (paged: required;
-// contiguous: optional, all 0) the trailing pages of its list it no longer
+// pool keeps the length those entries give) and out.freed_pages[b] (pages of several
+// tokens: required; page size 1 and contiguous: optional) the trailing pages of its list it no longer
 // uses. Apply them after the last layer that shares the table
 // (cuda::shrink_page_table for a FlashInfer table), in stream order. A
 // paged sequence at the budget one of whose pages is listed more than once

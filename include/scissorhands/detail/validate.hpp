@@ -123,8 +123,10 @@ void kv_ranges(const View& cache, byte_range (&r)[2]) {
 }
 
 // compress's outputs: new_lengths one entry per sequence; freed_pages one
-// per sequence for a paged cache, empty or one per sequence for a contiguous
-// one. Neither may overlap anything the call reads or moves (lengths, page
+// per sequence for a paged cache with pages of several tokens, empty or one
+// per sequence otherwise (contiguous: all 0; page size 1: the trailing
+// slots a compaction emptied, which equal length - new length, and which a
+// slot-allocator engine must not free: it frees selection.cache_slots). Neither may overlap anything the call reads or moves (lengths, page
 // table, state rows, the state, K, V and a quantized cache's parameters,
 // the workspace) nor each other: writing
 // an output would otherwise change an input under the call.
@@ -137,10 +139,12 @@ void validate_output(const char* fn, const View& cache, const eviction_state<Spa
   require(out.new_lengths.size() == static_cast<std::size_t>(cache.batch) && out.new_lengths.data() != nullptr, fn,
           new_lengths_name, "must hold batch = ", cache.batch, " entries (non-null), got ", out.new_lengths.size(),
           out.new_lengths.data() == nullptr ? " at a null pointer" : "");
-  if constexpr (paged)
+  std::int32_t page_size = 0;  // 0: contiguous
+  if constexpr (paged) page_size = cache.page_size;
+  if (page_size > 1)
     require(out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr, fn,
-            freed_pages_name, "must hold batch = ", cache.batch, " entries for a paged cache, got ",
-            out.freed_pages.size());
+            freed_pages_name, "must hold batch = ", cache.batch, " entries for a paged cache of page_size ",
+            page_size, " > 1, got ", out.freed_pages.size());
   else
     require(out.freed_pages.empty() ||
                 (out.freed_pages.size() == static_cast<std::size_t>(cache.batch) && out.freed_pages.data() != nullptr),

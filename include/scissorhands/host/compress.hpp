@@ -179,7 +179,7 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
 
 // Evicts and compacts K, V and the state. The cache's lengths and page
 // table are not written: out.new_lengths[b] gets every sequence's new length
-// and out.freed_pages[b] (paged: required; contiguous: optional, all 0) the
+// and out.freed_pages[b] (pages of several tokens: required; page size 1 and contiguous: optional) the
 // trailing pages of its list it no longer uses. Apply them after the last
 // layer that shares the table (shrink_page_table for a FlashInfer table).
 // The workspace is scratch: its bytes are unspecified after the call,

@@ -600,13 +600,14 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
     // Keys = 2 keys at a time (Keys = 1 for an odd last one), four query
     // heads at a time against them.
     const auto keys = [&]<std::int32_t Keys>(std::int32_t u) {
-      const float* kp[Keys];
+      // size_t bounds: g++'s -Wsign-conversion flags an int template parameter as one.
+      const float* kp[static_cast<std::size_t>(Keys)];
       for (std::int32_t k = 0; k < Keys; ++k) {
         // One row a tile ahead per row computed: a steady stream of misses.
         if (t0 + u + k + tile < len) prefetch_row(cache.k_row(b, h, t0 + u + k + tile), row_bytes);
         kp[k] = key_as_float(cache, b, h, t0 + u + k, kf[k]);
       }
-      float dots[4 * Keys];
+      float dots[static_cast<std::size_t>(4 * Keys)];
       std::int32_t g = 0;
       for (; g + 4 <= group; g += 4) {
         dot_lanes_4<Keys>(qf + static_cast<std::ptrdiff_t>(g) * d, kp, d, dots);
@@ -928,6 +929,9 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
     require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
             lse.data.size());
     if (lse.present()) {
+      require(lse.base == lse_base::natural || lse.base == lse_base::base2, fn, "lse.base",
+              "must be named: lse_base::natural (FlashAttention) or lse_base::base2 (FlashInfer), got ",
+              lse.base == lse_base::unspecified ? "unspecified" : "an unknown value");
       require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
                           lse.qo_indptr.size() == queries.qo_indptr.size(),
               fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");

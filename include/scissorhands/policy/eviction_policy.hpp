@@ -1,6 +1,8 @@
 #pragma once
 // One policy type composed at compile time from the four per-layer
 // policies, carrying the run-time settings.
+#include <type_traits>
+
 #include "concepts.hpp"
 #include "granularity.hpp"
 #include "gqa.hpp"
@@ -11,7 +13,24 @@
 
 namespace scissorhands {
 
-template <observation_policy Observation = important_indicator, history_policy History = sliding_window,
+// The settings a composition starts from. The paper's counter over a
+// sliding window starts from the numbers this library measured best
+// (scissorhands_policy's, below); every other composition from the field
+// defaults of `settings` (the paper's w = 400, alpha = 1, raw scores).
+template <class Observation, class History>
+constexpr settings default_settings_for() {
+  settings s;
+  if constexpr (std::is_same_v<Observation, unimportant_indicator> && std::is_same_v<History, sliding_window>) {
+    s.window = 25;
+    s.alpha = 2.0f;
+    s.normalize = true;
+  }
+  return s;
+}
+
+// The defaults are the library's measured default: eviction_policy<> is
+// scissorhands_policy (type and settings).
+template <observation_policy Observation = unimportant_indicator, history_policy History = sliding_window,
           protector_policy Protector = recent_window, gqa_reduction Gqa = gqa_mean,
           granularity_policy Granularity = per_head>
 struct eviction_policy {
@@ -20,7 +39,7 @@ struct eviction_policy {
   using protector = Protector;
   using gqa = Gqa;
   using granularity = Granularity;
-  settings config{};
+  settings config = default_settings_for<Observation, History>();
 
   // 32-bit words of ring history each (sequence, head, slot) keeps.
   constexpr std::int32_t ring_words() const { return History::ring_words(config, Observation::binary); }
@@ -30,7 +49,9 @@ struct eviction_policy {
 // steps a token was unimportant (a < 1 / n) and evict the highest counts
 // first, never the r = 10 newest tokens.
 struct scissorhands_paper_policy : eviction_policy<unimportant_indicator, sliding_window> {
-  constexpr scissorhands_paper_policy() { config.window = 400, config.recent = 10, config.normalize = false; }
+  constexpr scissorhands_paper_policy() {
+    config.window = 400, config.recent = 10, config.normalize = false, config.alpha = 1.0f;
+  }
 };
 // Scissorhands with the defaults this library measured best (docs/quality.md:
 // three TinyStories models, 500- and 256-token texts, 6-50% of the cache,
@@ -41,7 +62,7 @@ struct scissorhands_paper_policy : eviction_policy<unimportant_indicator, slidin
 // on OPT at 2048).
 struct scissorhands_policy : eviction_policy<unimportant_indicator, sliding_window> {
   constexpr scissorhands_policy() {
-    config.window = 25, config.recent = 10, config.normalize = true, config.alpha = 2.0f;
+    config.window = 25, config.recent = 10, config.normalize = true, config.alpha = 2.0f;  // as default_settings_for
   }
 };
 // The important-step count (a >= alpha / n, lowest count evicted first):

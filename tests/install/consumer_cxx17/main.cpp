@@ -32,10 +32,10 @@ int main() {
   cache.head_dim = head_dim;
   cache.capacity = capacity;
   br::settings settings;
+  bool ok = sh::default_settings(&settings).ok();  // the preset's numbers, then ours
   settings.recent = 1;
   settings.evict_count = 1;
 
-  bool ok = true;
   br::state_shape shape;
   std::size_t bytes = 0;
   ok = ok && sh::make_state_shape(settings, 1, 1, capacity, &shape).ok() && sh::state_bytes(shape, &bytes).ok();

@@ -164,7 +164,8 @@ void validate_queries(const char* fn, const View& cache, const query_view<Q, mem
     validate_reach(fn, "lse.data", lse.data, queries, lse.sequence_stride, lse.head_stride, lse.query_stride,
                    cache.batch, 1);
     require(lse.base == lse_base::natural || lse.base == lse_base::base2, fn, "lse.base",
-            "must be natural or base2, got ", static_cast<int>(lse.base));
+            "must be named: lse_base::natural (FlashAttention) or lse_base::base2 (FlashInfer), got ",
+            lse.base == lse_base::unspecified ? "unspecified" : "an unknown value");
   }
 }
 
