@@ -135,4 +135,27 @@ struct lse_view {
   }
 };
 
+// How the engine's attention kernel formed its logits beyond plain causal
+// softmax, in FlashInfer's terms (its sm_scale, window_left,
+// logits_soft_cap and ALiBi slopes). Distances are in cache slots, the
+// kernel's kv index, as FlashInfer's and FlashAttention's kernels measure
+// them. The logit of the query at slot i (head qh) against the key at slot t:
+//   x = softmax_scale * q.k + alibi_slopes[qh] * (t - i)   (ALiBi, when given)
+//   x = logits_soft_cap * tanh(x / logits_soft_cap)         (when > 0: Gemma 2)
+// and keys at t < i - window_left get no attention (when window_left >= 0:
+// Mistral's and Gemma 2/3's sliding-window layers). observe_queries must be
+// told what the kernel did: with plain options it computes plain causal
+// softmax over every held slot, and its scores for such a layer are wrong.
+template <memory_space Space>
+struct attention_options {
+  float softmax_scale = 0.0f;             // multiplies q.k; 0: 1/sqrt(head_dim)
+  std::int32_t window_left = -1;          // sliding window: slots [i - window_left, i]; -1: none
+  float logits_soft_cap = 0.0f;           // > 0: soft-capped logits; 0: none
+  span<const float, Space> alibi_slopes;  // [q_heads] ALiBi slopes; empty: none
+
+  SCISSORHANDS_HOST_DEVICE bool plain() const {
+    return window_left < 0 && logits_soft_cap == 0.0f && alibi_slopes.empty();
+  }
+};
+
 }  // namespace scissorhands

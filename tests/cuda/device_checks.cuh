@@ -617,6 +617,23 @@ int run_error_tests() {
       lv.head_stride = -1;
       return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
     });
+    // Attention the CUDA kernels do not compute (plain causal softmax only)
+    // is refused by option rather than scored as plain softmax.
+    {
+      sh::attention_options<device_space> window, capped, alibi;
+      window.window_left = 4;
+      capped.logits_soft_cap = 50.0f;
+      alibi.alibi_slopes = {in.d_q.data(), static_cast<std::size_t>(c.QH)};  // any device span: refused by size
+      expect_throw(c, "a sliding window", "options.window_left", [&] {
+        return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, dense_lse, window);
+      });
+      expect_throw(c, "soft-capped logits", "options.logits_soft_cap", [&] {
+        return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, dense_lse, capped);
+      });
+      expect_throw(c, "ALiBi slopes", "options.alibi_slopes", [&] {
+        return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, dense_lse, alibi);
+      });
+    }
     expect_throw(c, "a log-sum-exp base left unspecified", "lse.base", [&] {
       auto lv = dense_lse;
       lv.base = sh::lse_base::unspecified;

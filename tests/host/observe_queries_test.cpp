@@ -28,12 +28,18 @@ struct query_case {
   float amplitude;      // queries uniform in [-amplitude, amplitude)
   float softmax_scale;  // 0: the library's default 1/sqrt(head_dim)
   double tolerance;     // relative, per score
+  // The attention kernel's variants (attention_options), the reference
+  // applying them in double: a sliding window, soft-capping, ALiBi.
+  std::int32_t window_left = -1;
+  float soft_cap = 0.0f;
+  bool alibi = false;
 };
 
 template <class Policy, class Cache>
 void compare_with_probabilities(Cache& cache, std::int32_t group, const query_case& qc, std::int32_t prefill = 9,
                                 std::int32_t extra_decode = 0) {
-  INFO("amplitude " << qc.amplitude << ", softmax_scale " << qc.softmax_scale << ", group " << group);
+  INFO("amplitude " << qc.amplitude << ", softmax_scale " << qc.softmax_scale << ", group " << group
+                     << ", window_left " << qc.window_left << ", soft cap " << qc.soft_cap << ", alibi " << qc.alibi);
   const std::int32_t batch = cache.batch, H = cache.kv_heads, D = cache.head_dim;
   const std::int32_t q_heads = H * group;
   const std::int32_t columns = cache.max_capacity();
@@ -43,6 +49,16 @@ void compare_with_probabilities(Cache& cache, std::int32_t group, const query_ca
   state_holder reference(policy, view), natural(policy, view), base2(policy, view), own(policy, view);
   const double scale = qc.softmax_scale > 0.0f ? static_cast<double>(qc.softmax_scale)
                                                : static_cast<double>(1.0f / std::sqrt(static_cast<float>(D)));
+  // ALiBi's geometric slopes, 2^(-8 (qh + 1) / q_heads).
+  std::vector<float> slopes;
+  if (qc.alibi)
+    for (std::int32_t qh = 0; qh < q_heads; ++qh)
+      slopes.push_back(static_cast<float>(std::exp2(-8.0 * (qh + 1) / q_heads)));
+  sh::attention_options<host> options;
+  options.softmax_scale = qc.softmax_scale;
+  options.window_left = qc.window_left;
+  options.logits_soft_cap = qc.soft_cap;
+  options.alibi_slopes = {slopes.data(), slopes.size()};
 
   // Ragged prefill (the shortest sequence sets q_len), then decode steps.
   // (prefill and extra_decode lengthen it: several tiles of the blocked path.)
@@ -77,15 +93,20 @@ void compare_with_probabilities(Cache& cache, std::int32_t group, const query_ca
       for (std::int32_t qh = 0; qh < q_heads; ++qh)
         for (std::int32_t j = 0; j < q_len; ++j) {
           const std::int32_t visible = cache.length(b) - q_len + j + 1;
+          const std::int32_t i = visible - 1;  // the query's slot
           const float* qrow = q.data() + ((static_cast<std::size_t>(b) * q_len + j) * q_heads + qh) * D;
-          std::vector<double> logit(static_cast<std::size_t>(visible));
+          std::vector<double> logit(static_cast<std::size_t>(visible), -INFINITY);  // -inf: outside the window
           double top = -INFINITY;
           for (std::int32_t t = 0; t < visible; ++t) {
+            if (qc.window_left >= 0 && i - t > qc.window_left) continue;
             const float* k = cache.row(0, b, qh / group, t);
             double dot = 0.0;
             for (std::int32_t d = 0; d < D; ++d) dot += static_cast<double>(qrow[d]) * static_cast<double>(k[d]);
-            logit[static_cast<std::size_t>(t)] = dot * scale;
-            top = std::max(top, logit[static_cast<std::size_t>(t)]);
+            double x = dot * scale;
+            if (qc.alibi) x += static_cast<double>(slopes[static_cast<std::size_t>(qh)]) * (t - i);
+            if (qc.soft_cap > 0.0f) x = qc.soft_cap * std::tanh(x / qc.soft_cap);
+            logit[static_cast<std::size_t>(t)] = x;
+            top = std::max(top, x);
           }
           double sum = 0.0;
           for (double l : logit) sum += std::exp(l - top);
@@ -102,14 +123,18 @@ void compare_with_probabilities(Cache& cache, std::int32_t group, const query_ca
                                     sh::probability_view<host>::dense({probs.data(), probs.size()}, q_heads, q_len,
                                                                       columns));
     const auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, q_heads, q_len, D);
-    sh::host::observe_queries(policy, view, natural.state, qv,
-                              sh::lse_view<host>::dense({lse_nat.data(), lse_nat.size()}, q_heads, q_len, sh::lse_base::natural),
-                              qc.softmax_scale);
-    sh::host::observe_queries(policy, view, base2.state, qv,
-                              sh::lse_view<host>::dense({lse_2.data(), lse_2.size()}, q_heads, q_len,
-                                                        sh::lse_base::base2),
-                              qc.softmax_scale);
-    sh::host::observe_queries(policy, view, own.state, qv, {}, qc.softmax_scale);
+    const auto lse_natural =
+        sh::lse_view<host>::dense({lse_nat.data(), lse_nat.size()}, q_heads, q_len, sh::lse_base::natural);
+    const auto lse_base2 = sh::lse_view<host>::dense({lse_2.data(), lse_2.size()}, q_heads, q_len, sh::lse_base::base2);
+    if (options.plain()) {  // the plain overload, as engines without these variants call it
+      sh::host::observe_queries(policy, view, natural.state, qv, lse_natural, qc.softmax_scale);
+      sh::host::observe_queries(policy, view, base2.state, qv, lse_base2, qc.softmax_scale);
+      sh::host::observe_queries(policy, view, own.state, qv, {}, qc.softmax_scale);
+    } else {
+      sh::host::observe_queries(policy, view, natural.state, qv, lse_natural, options);
+      sh::host::observe_queries(policy, view, base2.state, qv, lse_base2, options);
+      sh::host::observe_queries(policy, view, own.state, qv, {}, options);
+    }
     REQUIRE(same_floats(kv_before[0], cache.data[0]));
     REQUIRE(same_floats(kv_before[1], cache.data[1]));
 
@@ -192,6 +217,62 @@ TEST_CASE("observe_queries matches observe_probabilities: paged cache", "[observ
                       sh::paged_layout::hnd(page_size, 2, 16), 8);
     compare_with_probabilities<mass_mean>(cache, 4, moderate);
   }
+}
+
+// Attention that is not plain causal softmax, as the engine's kernel
+// computed it (attention_options): the reference applies the window, the
+// soft cap and the ALiBi bias in double; the library must match it with
+// and without the kernel's LSE.
+TEST_CASE("observe_queries with a sliding window, soft-capping and ALiBi matches the reference",
+          "[observe_queries][attention_options]") {
+  query_case window = moderate, capped = peaky, alibi = moderate, all = peaky;
+  window.window_left = 3;
+  capped.soft_cap = 5.0f;  // peaky logits (up to ~40) are capped hard
+  alibi.alibi = true;
+  all.window_left = 6, all.soft_cap = 8.0f, all.alibi = true;
+  query_case edge = moderate;
+  edge.window_left = 0;  // each query sees only itself
+  for (const auto& qc : {window, capped, alibi, all, edge}) {
+    auto cache = make_contiguous(layout_kind::nhd, 3, 2, 16, 48, 21);
+    compare_with_probabilities<mass_mean>(cache, 2, qc, 20, 10);
+    auto wide = make_contiguous(layout_kind::hnd, 3, 1, 8, 40, 22);
+    compare_with_probabilities<mass_max>(wide, 4, qc, 12, 8);
+  }
+  paged_cache paged(3, 2, 16, 3, 48, sh::paged_layout::nhd(3, 2, 16), sh::paged_layout::hnd(3, 2, 16), 23);
+  compare_with_probabilities<mass_decay>(paged, 2, all, 20, 10);
+}
+
+TEST_CASE("attention options out of range are refused by name", "[observe_queries][attention_options][bad_input]") {
+  auto cache = make_contiguous(layout_kind::nhd, 1, 1, 4, 8, 3);
+  cache.lengths[0] = 2;
+  const sh::h2o_policy policy;
+  state_holder st(policy, cache.view());
+  const std::vector<float> q(8, 0.5f);
+  const auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, 2, 1, 4);
+  const auto before = st.buffer.snapshot();
+  const auto refused = [&](sh::attention_options<host> options, const char* argument) {
+    try {
+      sh::host::observe_queries(policy, cache.view(), st.state, qv, {}, options);
+      FAIL("accepted");
+    } catch (const sh::invalid_argument& e) {
+      CHECK(e.argument() == argument);
+    }
+    CHECK(st.buffer.equals(before));
+  };
+  sh::attention_options<host> o;
+  o.window_left = -2;
+  refused(o, "options.window_left");
+  o = {};
+  o.logits_soft_cap = -1.0f;
+  refused(o, "options.logits_soft_cap");
+  o.logits_soft_cap = INFINITY;
+  refused(o, "options.logits_soft_cap");
+  o = {};
+  const std::vector<float> one_slope{0.5f}, nan_slopes{0.5f, NAN};
+  o.alibi_slopes = {one_slope.data(), one_slope.size()};  // 2 query heads
+  refused(o, "options.alibi_slopes");
+  o.alibi_slopes = {nan_slopes.data(), nan_slopes.size()};
+  refused(o, "options.alibi_slopes");
 }
 
 TEST_CASE("the blocked path's four-query dot products equal dot_lanes", "[observe_queries]") {

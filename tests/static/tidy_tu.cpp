@@ -2,7 +2,8 @@
 // (scripts/stages/30-clang-tidy.sh): the umbrella header, plus one use of
 // every host entry point and policy so that templates are instantiated and
 // their bodies analysed, not only declared: observe from dense and ragged
-// probabilities and queries (lse dense, token-major and ragged), admit,
+// probabilities and queries (lse dense, token-major and ragged; attention
+// options: a window, a soft cap, ALiBi), admit,
 // compress into a compress_output, a state seen through a batch mapping,
 // reset_state / reset_sequence, shrink_page_table, the sizing helpers,
 // catch_errors, token-level eviction (shared_heads compress, select,
@@ -54,6 +55,12 @@ void use_backend(const Policy& policy, View cache, sh::eviction_state<host> stat
   sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4),
                             sh::lse_view<host>::ragged(values, qo, 2, sh::lse_base::base2));
   sh::host::observe_queries(policy, cache, mapped, sh::query_view<float, host>::ragged(values, qo, 2, 4));
+  // A sliding-window, soft-capped, ALiBi layer (attention_options).
+  sh::attention_options<host> options;
+  options.window_left = 4;
+  options.logits_soft_cap = 30.0f;
+  options.alibi_slopes = {data.data(), 2};
+  sh::host::observe_queries(policy, cache, state, sh::query_view<float, host>::dense(values, 2, 1, 4), {}, options);
   const sh::compress_output<host> out{{e.new_lengths.data(), e.new_lengths.size()}, {e.freed.data(), e.freed.size()}};
   sh::host::compress(policy, cache, mapped, 8, {e.workspace.data(), e.workspace.size()}, out);
   sh::host::compress(policy, cache, state, 8, {e.workspace.data(), e.workspace.size()},

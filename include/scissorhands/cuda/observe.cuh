@@ -238,4 +238,27 @@ cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<mem
   }
 }
 
+// With the attention kernel's options (attention_view.hpp). The CUDA kernels
+// compute plain causal softmax only: a sliding window, soft-capped logits or
+// ALiBi slopes are refused, naming the option, rather than scored as plain
+// softmax. Such a layer observes through host::observe_queries (which
+// applies them) or through observe_probabilities with the kernel's own
+// probabilities.
+template <int HeadDim = 0, class Policy, class View, class Q>
+  requires composed_policy<Policy>
+cudaError_t observe_queries(const Policy& policy, View cache, eviction_state<memory_space::device> state,
+                            query_view<Q, memory_space::device> queries, lse_view<memory_space::device> lse,
+                            attention_options<memory_space::device> options, cudaStream_t stream = 0) {
+  const char* fn = "cuda::observe_queries";
+  const char* not_yet = " is not supported by the CUDA backend yet (its kernels compute plain causal softmax): "
+                        "observe this layer with host::observe_queries or observe_probabilities, got ";
+  scissorhands::detail::require(options.window_left == -1, fn, "options.window_left", "(a sliding window)", not_yet,
+                                options.window_left);
+  scissorhands::detail::require(options.logits_soft_cap == 0.0f, fn, "options.logits_soft_cap", "(soft-capping)",
+                                not_yet, options.logits_soft_cap);
+  scissorhands::detail::require(options.alibi_slopes.empty(), fn, "options.alibi_slopes", "(ALiBi)", not_yet,
+                                options.alibi_slopes.size(), " slopes");
+  return observe_queries<HeadDim>(policy, cache, state, queries, lse, options.softmax_scale, stream);
+}
+
 }  // namespace scissorhands::cuda

@@ -821,11 +821,15 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
 
 // observe_queries' work for group x head_dim or head_dim beyond the blocked
 // path's stack scratch: one key row at a time against the group.
+// It also serves every call whose attention_options are not plain (a
+// sliding window, soft-capping, ALiBi): `options` is then applied to each
+// logit, and keys outside the window get probability 0.
 template <class Policy, class View, class Q>
 void observe_queries_unblocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
                                const query_view<Q, memory_space::host>& queries,
                                const lse_view<memory_space::host>& lse, float scale, std::int64_t first_unit,
-                               std::int64_t end_unit) {
+                               std::int64_t end_unit,
+                               const attention_options<memory_space::host>& options = {}) {
   using Gqa = typename Policy::gqa;
   const std::int32_t d = cache.head_dim;
   const std::int32_t group = queries.q_heads / cache.kv_heads;
@@ -852,6 +856,16 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
     }
     for (std::int32_t g = 0; g < group; ++g) logits[g] *= scale;
   };
+  const bool alibi = !options.alibi_slopes.empty();
+  const float cap = options.logits_soft_cap;
+  // ALiBi's bias and the soft cap, for the query at slot i against slot t.
+  const auto transform = [&](std::int32_t h, std::int32_t t, std::int32_t i) {
+    if (alibi)
+      for (std::int32_t g = 0; g < group; ++g)
+        logits[g] += options.alibi_slopes[h * group + g] * static_cast<float>(t - i);
+    if (cap > 0.0f)
+      for (std::int32_t g = 0; g < group; ++g) logits[g] = cap * std::tanh(logits[g] / cap);
+  };
   for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
     const auto b = static_cast<std::int32_t>(unit / cache.kv_heads);
     const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
@@ -862,6 +876,10 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
     const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
     for (std::int32_t j = 0; j < q_len; ++j) {
       const std::int32_t visible = len - q_len + j + 1;
+      const std::int32_t i = visible - 1;  // the query's own slot
+      // The first slot the window lets the query see (0 without a window).
+      const std::int32_t first =
+          options.window_left >= 0 && i > options.window_left ? i - options.window_left : 0;
       for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
       if (lse.present()) {
         for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
@@ -874,8 +892,9 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
           run_max[g] = -std::numeric_limits<float>::infinity();
           run_sum[g] = 0.0f;
         }
-        for (std::int32_t t = 0; t < visible; ++t) {
+        for (std::int32_t t = first; t < visible; ++t) {
           group_logits(b, h, t);
+          transform(h, t, i);
           for (std::int32_t g = 0; g < group; ++g) {
             if (logits[g] > run_max[g]) {
               run_sum[g] = run_sum[g] * std::exp(run_max[g] - logits[g]) + 1.0f;
@@ -888,8 +907,13 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
         for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
       }
       const std::int64_t step = first_step + j;
-      for (std::int32_t t = 0; t < visible; ++t) {
+      // Outside the window the query gave no attention: recorded as 0 (n
+      // stays the causal count, as observe_probabilities counts it).
+      const float nothing = 0.0f;
+      for (std::int32_t t = 0; t < first; ++t) record_run(policy, state, r, h, t, 1, step, &nothing, visible);
+      for (std::int32_t t = first; t < visible; ++t) {
         group_logits(b, h, t);
+        transform(h, t, i);
         float acc = Gqa::identity();
         for (std::int32_t g = 0; g < group; ++g) acc = Gqa::combine(acc, std::exp(logits[g] - norm[g]));
         const float combined = Gqa::finish(acc, group);
@@ -902,7 +926,8 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
 template <class Policy, class View, class Q>
 auto plan_observe_queries(const char* fn, const Policy& policy, View cache, eviction_state<memory_space::host> state,
                           query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse,
-                          float softmax_scale) {
+                          attention_options<memory_space::host> options) {
+  const float softmax_scale = options.softmax_scale;
   static_assert(View::space == memory_space::host, "host::observe_queries needs a host view");
   static_assert(is_quantized_view_v<View> || float_convertible<typename View::element_type>,
                 "specialise scissorhands::element_traits for the cache's element type");
@@ -925,6 +950,19 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
             queries.data.size(), " values but the view reaches ", need);
     require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, fn, "softmax_scale",
             "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
+    require(options.window_left >= -1, fn, "options.window_left",
+            "must be -1 (no sliding window) or non-negative, got ", options.window_left);
+    require(std::isfinite(options.logits_soft_cap) && options.logits_soft_cap >= 0.0f, fn,
+            "options.logits_soft_cap", "must be finite and non-negative (0: none), got ", options.logits_soft_cap);
+    if (!options.alibi_slopes.empty()) {
+      require(options.alibi_slopes.size() == static_cast<std::size_t>(queries.q_heads) &&
+                  options.alibi_slopes.data() != nullptr,
+              fn, "options.alibi_slopes", "must be empty or hold q_heads = ", queries.q_heads,
+              " slopes (non-null), got ", options.alibi_slopes.size());
+      for (std::int32_t qh = 0; qh < queries.q_heads; ++qh)
+        require(std::isfinite(options.alibi_slopes[qh]), fn, "options.alibi_slopes", "[", qh,
+                "] must be finite, got ", options.alibi_slopes[qh]);
+    }
     // Absent is {nullptr, 0}; a null pointer with a size is a caller's bug, not "no lse".
     require(lse.present() || lse.data.empty(), fn, "lse.data", "must not be null when its size is ",
             lse.data.size());
@@ -961,7 +999,9 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
   return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
     if constexpr (Obs::needs_attention) {
       const std::int32_t group = queries.q_heads / cache.kv_heads;
-      if (group * d <= query_scratch_floats && d <= key_scratch_floats)
+      if (!options.plain())
+        observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit, options);
+      else if (group * d <= query_scratch_floats && d <= key_scratch_floats)
         observe_queries_blocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
       else
         observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
@@ -989,33 +1029,51 @@ void observe_probabilities(const Policy& policy, View cache, eviction_state<memo
 }
 
 // softmax_scale multiplies q.k before the softmax (1/sqrt(head_dim) when 0).
+// A model whose attention is not plain causal softmax over every held slot
+// (a sliding window, soft-capped logits, ALiBi) passes attention_options
+// instead, as its kernel took them (attention_view.hpp); with the plain
+// overload its scores are those of plain softmax, i.e. wrong.
 // A ragged `queries` needs a ragged `lse` over the same qo_indptr array.
 // A token_table_view is refused (it holds no K to recompute attention from);
 // the body is then skipped, so the message is the only error.
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 auto plan_observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
-                          query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
-                          float softmax_scale = 0.0f) {
+                          query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse,
+                          attention_options<memory_space::host> options) {
   static_assert(kv_rows_view<View>, "host::plan_observe_queries recomputes attention from the cached keys and a "
                 "token_table_view holds no K/V: hand over the probabilities (observe_probabilities) or pass a "
                 "kv_view / paged_kv_view");
   if constexpr (kv_rows_view<View>)
-    return detail::plan_observe_queries("host::plan_observe_queries", policy, cache, state, queries, lse,
-                                        softmax_scale);
+    return detail::plan_observe_queries("host::plan_observe_queries", policy, cache, state, queries, lse, options);
+}
+template <class Policy, class View, class Q>
+  requires composed_policy<Policy>
+auto plan_observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                          query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
+                          float softmax_scale = 0.0f) {
+  return plan_observe_queries(policy, cache, state, queries, lse,
+                              attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}});
+}
+template <class Policy, class View, class Q>
+  requires composed_policy<Policy>
+void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
+                     query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse,
+                     attention_options<memory_space::host> options) {
+  static_assert(kv_rows_view<View>, "host::observe_queries recomputes attention from the cached keys and a "
+                "token_table_view holds no K/V: hand over the probabilities (observe_probabilities) or pass a "
+                "kv_view / paged_kv_view");
+  if constexpr (kv_rows_view<View>)
+    detail::plan_observe_queries("host::observe_queries", policy, cache, state, queries, lse, options).run();
 }
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
 void observe_queries(const Policy& policy, View cache, eviction_state<memory_space::host> state,
                      query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                      float softmax_scale = 0.0f) {
-  static_assert(kv_rows_view<View>, "host::observe_queries recomputes attention from the cached keys and a "
-                "token_table_view holds no K/V: hand over the probabilities (observe_probabilities) or pass a "
-                "kv_view / paged_kv_view");
-  if constexpr (kv_rows_view<View>)
-    detail::plan_observe_queries("host::observe_queries", policy, cache, state, queries, lse, softmax_scale).run();
+  observe_queries(policy, cache, state, queries, lse,
+                  attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}});
 }
-
 
 // For static observation policies: admit new tokens (observe_* do the same).
 template <class Policy, class View>
