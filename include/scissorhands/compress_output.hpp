@@ -26,4 +26,13 @@ struct compress_output {
   span<std::int32_t, Space> freed_pages;
 };
 
+// What shrink_page_table reports, in the backend's memory (one entry): the
+// same call on both backends. The host refuses bad data by throwing and so
+// always writes status 0; the device writes its status_flag bits
+// (cuda/status.cuh) for data only it can check.
+struct shrink_result {
+  std::int32_t released = 0;  // page ids written to `released` (0 when status != 0)
+  std::uint32_t status = 0;   // non-zero: nothing else was written
+};
+
 }  // namespace scissorhands

@@ -10,6 +10,11 @@
 
 namespace scissorhands {
 
+// The two layouts engines name, for the make_*_view helpers of every view
+// (contiguous and paged, plain and quantized): NHD = token-major
+// ([.][token][head][dim]), HND = head-major ([.][head][token][dim]).
+enum class named_layout { nhd, hnd };
+
 // Where row (sequence b, KV head h, slot t) of a contiguous-per-sequence cache
 // starts. The head_dim elements of a row are contiguous (stride 1): row moves
 // are plain copies and the CUDA backend moves them 16 bytes at a time.

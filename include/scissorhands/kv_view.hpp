@@ -51,8 +51,7 @@ using host_kv_view = kv_view<T, memory_space::host>;
 template <class T>
 using device_kv_view = kv_view<T, memory_space::device>;
 
-// Builds a view with one named layout for both K and V.
-enum class named_layout { nhd, hnd };
+// Builds a view with one named layout (kv_layout.hpp) for both K and V.
 
 template <class T, memory_space Space>
 kv_view<T, Space> make_kv_view(span<T, Space> k, span<T, Space> v,

@@ -82,9 +82,9 @@ paged_kv_view<T, Space> make_paged_kv_view(span<T, Space> k_pages, span<T, Space
                                            std::int32_t batch,
                                            std::int32_t kv_heads, std::int32_t head_dim, std::int32_t page_size,
                                            std::int32_t num_pages, std::int32_t max_pages_per_sequence,
-                                           bool hnd = false) {
-  const paged_layout l = hnd ? paged_layout::hnd(page_size, kv_heads, head_dim)
-                             : paged_layout::nhd(page_size, kv_heads, head_dim);
+                                           named_layout layout = named_layout::nhd) {
+  const paged_layout l = layout == named_layout::hnd ? paged_layout::hnd(page_size, kv_heads, head_dim)
+                                                     : paged_layout::nhd(page_size, kv_heads, head_dim);
   return {k_pages, v_pages, l, l, indptr, indices, last_page_len, batch, kv_heads, head_dim,
           page_size, num_pages, max_pages_per_sequence};
 }

@@ -229,9 +229,10 @@ quantized_paged_view<Space> make_quantized_paged_kv_view(
     span<float, Space> v_params, span<const std::int32_t, Space> indptr, span<const std::int32_t, Space> indices,
     std::type_identity_t<span<const std::int32_t, Space>> last_page_len, std::int32_t batch, std::int32_t kv_heads,
     std::int32_t head_dim, std::int32_t page_size, std::int32_t num_pages, std::int32_t max_pages_per_sequence,
-    kv_quantization quantization, bool hnd = false) {
+    kv_quantization quantization, named_layout layout = named_layout::nhd) {
   const auto of = [&](std::int32_t row) {
-    return hnd ? paged_layout::hnd(page_size, kv_heads, row) : paged_layout::nhd(page_size, kv_heads, row);
+    return layout == named_layout::hnd ? paged_layout::hnd(page_size, kv_heads, row)
+                                       : paged_layout::nhd(page_size, kv_heads, row);
   };
   const paged_layout codes = of(quantization.code_row_bytes(head_dim));
   const paged_layout params = of(quantization.params_per_row(head_dim));

@@ -51,6 +51,7 @@
 // (cuda/launch.cuh: off by default until measured on a GPU).
 #include "scissorhands.hpp"
 
+#include "cuda/backend.cuh"
 #include "cuda/compress.cuh"
 #include "cuda/element.cuh"
 #include "cuda/launch.cuh"

@@ -2,11 +2,13 @@
 // Umbrella header of the host-safe library: views, policies and the host
 // backend. Compiles with a plain C++20 compiler; never includes CUDA.
 #include "attention_view.hpp"
+#include "backend.hpp"
 #include "compress_output.hpp"
 #include "config.hpp"
 #include "element.hpp"
 #include "error.hpp"
 #include "eviction_state.hpp"
+#include "host/backend.hpp"
 #include "host/compress.hpp"
 #include "host/observe.hpp"
 #include "host/plan.hpp"

@@ -513,6 +513,22 @@ int run_error_tests() {
       return sh::cuda::compress(c.d_ws.data(), c.ws_bytes, c.policy, c.device_view(), c.device_state(), c.budget,
                                 {sh::device_span<std::int32_t>(c.d_new.data(), 2), {}});
     });
+    // The one API's span call (the host's signature): the workspace refused
+    // by name, and its shape-only size covers the budget-specific one.
+    {
+      auto shape_only = c.device_view();
+      shape_only.k = {}, shape_only.v = {}, shape_only.lengths = {};
+      const std::size_t any_budget = sh::cuda::compress_workspace_bytes(c.policy, shape_only, c.dst0.shape);
+      tally.host(any_budget >= c.ws_bytes, "compress_workspace_bytes(policy, cache, shape) >= the budget's size");
+      expect_throw(c, "a span workspace below its size", "workspace", [&] {
+        return sh::cuda::compress(c.policy, c.device_view(), c.device_state(), c.budget,
+                                  sh::device_span<std::byte>(c.d_ws.data(), c.ws_bytes - 4), {c.d_new.span(), {}});
+      });
+      expect_throw(c, "a null span workspace", "workspace", [&] {
+        return sh::cuda::compress(c.policy, c.device_view(), c.device_state(), c.budget,
+                                  sh::device_span<std::byte>(nullptr, c.ws_bytes), {c.d_new.span(), {}});
+      });
+    }
     expect_throw(c, "new_lengths overlapping the lengths", "out.new_lengths", [&] {
       return sh::cuda::compress(c.d_ws.data(), c.ws_bytes, c.policy, c.device_view(), c.device_state(), c.budget,
                                 {c.d_len.span(), {}});

@@ -253,7 +253,7 @@ bool run_case(const config& c, mismatch_log& log) {
                                       sh::host_span<const std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
                                       sh::host_span<const std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
                                       sh::host_span<const std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), B, H,
-                                      D, P, num_pages, max_pages, hnd);
+                                      D, P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {
@@ -270,7 +270,7 @@ bool run_case(const config& c, mismatch_log& log) {
                                       sh::device_span<const std::int32_t>(reqs.d_indptr.data(), reqs.d_indptr.size()),
                                       sh::device_span<const std::int32_t>(reqs.d_indices.data(), reqs.d_indices.size()),
                                       sh::device_span<const std::int32_t>(reqs.d_last.data(), reqs.d_last.size()), B, H,
-                                      D, P, num_pages, max_pages, hnd);
+                                      D, P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
       if (c.v_other_layout) v.v_layout = hnd ? sh::paged_layout::nhd(P, H, D) : sh::paged_layout::hnd(P, H, D);
       return v;
     } else {

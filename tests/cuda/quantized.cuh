@@ -121,7 +121,7 @@ struct twin_cache {
     return sh::make_quantized_paged_kv_view<qhost>(
         {codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()}, {params[0].data(), params[0].size()},
         {params[1].data(), params[1].size()}, {indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-        {last.data(), last.size()}, B, H, D, page_size, num_pages, max_pages, q, hnd);
+        {last.data(), last.size()}, B, H, D, page_size, num_pages, max_pages, q, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
   sh::device_quantized_kv_view device_contiguous() const {
     return sh::make_quantized_kv_view<qdevice>(d_codes[0].span(), d_codes[1].span(), d_params[0].span(),
@@ -130,7 +130,7 @@ struct twin_cache {
   sh::device_quantized_paged_kv_view device_paged() const {
     return sh::make_quantized_paged_kv_view<qdevice>(
         d_codes[0].span(), d_codes[1].span(), d_params[0].span(), d_params[1].span(), {d_indptr.data(), B + 1},
-        {d_indices.data(), indices.size()}, {d_last.data(), B}, B, H, D, page_size, num_pages, max_pages, q, hnd);
+        {d_indices.data(), indices.size()}, {d_last.data(), B}, B, H, D, page_size, num_pages, max_pages, q, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
   // f(host view, device view) with the views of this cache's kind.
   template <class F>

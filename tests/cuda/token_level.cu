@@ -70,8 +70,22 @@
 #include <type_traits>
 #include <vector>
 
+#include "../engine/one_api_engine.hpp"
 #include "harness.cuh"
 #include "requests.cuh"
+
+// The engine of one_api_engine.hpp holds its device arrays in the harness's
+// buffers (host memory in a host-only run).
+template <>
+struct one_api::memory<scissorhands::memory_space::device> {
+  template <class T>
+  struct array {
+    harness::device_buffer<T> buffer;
+    explicit array(const std::vector<T>& v) : buffer(v.size()) { buffer.upload(v); }
+    scissorhands::device_span<T> span() { return buffer.span(); }
+    std::vector<T> download() const { return buffer.download(); }
+  };
+};
 
 namespace {
 
@@ -295,7 +309,7 @@ bool run_case(const config& c, mismatch_log& log) {
       return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
                                     sh::host_span<const std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
                                     sh::host_span<const std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), B, H, D,
-                                    P, num_pages, max_pages, hnd);
+                                    P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
     else
       return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_lengths.data(), reqs.h_lengths.size()), B,
                               H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
@@ -307,7 +321,7 @@ bool run_case(const config& c, mismatch_log& log) {
                                     sh::device_span<const std::int32_t>(reqs.d_indptr.data(), reqs.d_indptr.size()),
                                     sh::device_span<const std::int32_t>(reqs.d_indices.data(), reqs.d_indices.size()),
                                     sh::device_span<const std::int32_t>(reqs.d_last.data(), reqs.d_last.size()), B, H,
-                                    D, P, num_pages, max_pages, hnd);
+                                    D, P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
     else
       return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(reqs.d_lengths.data(), reqs.d_lengths.size()),
                               B, H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
@@ -816,7 +830,7 @@ struct fixture {
       return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(h_indptr.data(), B + 1),
                                     sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
                                     sh::host_span<const std::int32_t>(h_last.data(), B), B, H, D, P, num_pages,
-                                    max_pages, false);
+                                    max_pages, sh::named_layout::nhd);
     else
       return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(h_len.data(), B), B, H, D, cap,
                               sh::named_layout::nhd);
@@ -827,7 +841,7 @@ struct fixture {
       return sh::make_paged_kv_view(k, v, sh::device_span<const std::int32_t>(d_indptr.data(), B + 1),
                                     sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
                                     sh::device_span<const std::int32_t>(d_last.data(), B), B, H, D, P, num_pages,
-                                    max_pages, false);
+                                    max_pages, sh::named_layout::nhd);
     else
       return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(d_len.data(), B), B, H, D, cap,
                               sh::named_layout::nhd);
@@ -1534,6 +1548,37 @@ int run_combined_score_test(std::uint64_t seed) {
 // through host memory, standing in for NCCL), every rank's cuda::select on
 // the reduced buffer must choose exactly what host::select chooses on the
 // whole model (window counts, not normalised: every sum is exact).
+// One API: the engine loop of one_api_engine.hpp, one source, through
+// backend<device> on a stream and through backend<host>; the device's
+// transcript (every step's new lengths and released pages, the final
+// table, both layers' pools and states) must equal the host's bit for bit.
+// In a host-only run the calls' host halves (every argument check, the
+// shape-only sizing) run and the comparison is void.
+int run_one_api() {
+  int failures = 0;
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  const auto compare = [&](const char* name, const auto& policy) {
+    const one_api::transcript on_host = one_api::run(sh::backend<sh::memory_space::host>{}, policy);
+    const one_api::transcript on_device = one_api::run(sh::backend<sh::memory_space::device>{stream}, policy);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaGetLastError());
+    const bool same = device_fact(on_device == on_host);
+    std::printf("one_api %s: %s\n", name, host_only_run() ? "host half only" : same ? "identical" : "DIFFERENT");
+    failures += same ? 0 : 1;
+  };
+  sh::h2o_policy h2o;
+  h2o.config.recent = 2;
+  h2o.config.evict_count = 4;
+  compare("h2o", h2o);
+  sh::scissorhands_policy counter;
+  counter.config.recent = 3;
+  counter.config.evict_count = 5;
+  compare("scissorhands", counter);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  return failures;
+}
+
 int run_tensor_parallel(bool multi_gpu) {
   using policy_t = sh::with_granularity<sh::scissorhands_paper_policy, g_layers_mean>;
   constexpr int B = 3, L = 2, H = 4, D = 8, cap = 40, budget = 24, m = 3;
@@ -1735,7 +1780,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--configs N] [--seed S] [--only "
-                   "differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu,combined_score] [--quick] "
+                   "differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu,combined_score,one_api] [--quick] "
                    "[--long N] [--host-only]\n",
                    argv[0]);
       return 2;
@@ -1749,6 +1794,7 @@ int main(int argc, char** argv) {
   failures += run_part(only, "graph", [] { return run_graph_test(); });
   failures += run_part(only, "tensor_parallel", [] { return run_tensor_parallel(false); });
   failures += run_part(only, "combined_score", [&] { return run_combined_score_test(seed); });
+  failures += run_part(only, "one_api", [] { return run_one_api(); });
   if (!only.empty()) {
     // Its own CTest entry: skipped (77) below two devices.
     int multi = 0;

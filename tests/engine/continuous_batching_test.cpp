@@ -211,7 +211,7 @@ class engine {
         sh::host_span<const std::int32_t>(indptr_.data(), static_cast<std::size_t>(batch) + 1),
         sh::host_span<const std::int32_t>(indices_.data(), indices_.size()),
         sh::host_span<const std::int32_t>(last_page_len_.data(), static_cast<std::size_t>(batch)), batch, kv_heads,
-        d_, ps_, num_pages_, max_pages_, cfg_.hnd);
+        d_, ps_, num_pages_, max_pages_, cfg_.hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
   view_t layer_view(std::int32_t l) {
     view_t v = view(batch_);

@@ -959,7 +959,7 @@ struct flashinfer_storage {
         cspan(indptr[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch) + 1),
         cspan(indices[static_cast<std::size_t>(l)], indices[static_cast<std::size_t>(l)].size()),
         cspan(last_page_len[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch)), batch, H, D, ps, num_pages,
-        max_pages, hnd);
+        max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
   // After compress on layer l: this layer's table shrinks, its pages go back.
   std::int64_t apply_layer(std::int32_t l, const std::vector<request*>& b_of,

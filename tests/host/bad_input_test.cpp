@@ -1139,6 +1139,27 @@ TEST_CASE("bad input: shrink_page_table with a negative indptr start", "[bad_inp
   check_refused(t, "host::shrink_page_table", "indptr", [&] { t.shrink(); });
 }
 
+// The span call both backends share: the count in a shrink_result, whose
+// span must hold one entry (refused before the table is touched).
+TEST_CASE("shrink_page_table's one-API call reports through a shrink_result", "[bad_input]") {
+  page_table t;
+  check_refused(t, "host::shrink_page_table", "result", [&] {
+    sh::host::shrink_page_table({t.indptr.data(), t.indptr.size()}, {t.indices.data(), t.indices.size()},
+                                {t.last_page_len.data(), t.last_page_len.size()}, 4,
+                                {t.new_lengths.data(), t.new_lengths.size()}, {t.released.data(), t.released.size()},
+                                {});
+  });
+  sh::shrink_result result{-1, 9};
+  sh::host::shrink_page_table({t.indptr.data(), t.indptr.size()}, {t.indices.data(), t.indices.size()},
+                              {t.last_page_len.data(), t.last_page_len.size()}, 4,
+                              {t.new_lengths.data(), t.new_lengths.size()}, {t.released.data(), t.released.size()},
+                              {&result, 1});
+  CHECK(result.released == 2);  // 11 -> 4 tokens: 3 pages -> 1
+  CHECK(result.status == 0);
+  CHECK(t.released[0] == 2);
+  CHECK(t.released[1] == 5);
+}
+
 TEST_CASE("bad input: shrink_page_table with a decreasing indptr", "[bad_input]") {
   page_table t;
   t.indptr = {0, 3, INT32_MIN};

@@ -208,7 +208,7 @@ TEST_CASE("views address rows through their layouts and page tables", "[layout][
   const auto paged = sh::make_paged_kv_view(
       sh::host_span<float>(kp.data(), kp.size()), sh::host_span<float>(vp.data(), vp.size()),
       sh::host_span<const std::int32_t>(indptr.data(), 3), sh::host_span<const std::int32_t>(indices.data(), 5),
-      sh::host_span<std::int32_t>(last.data(), 2), B, H, D, P, pages, 3, /*hnd=*/true);
+      sh::host_span<std::int32_t>(last.data(), 2), B, H, D, P, pages, 3, sh::named_layout::hnd);
   CHECK(paged.length(0) == 4);
   CHECK(paged.length(1) == 9);
   CHECK(paged.capacity_of(0) == 6);

@@ -107,13 +107,13 @@ struct twin_cache {
         {codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()}, {params[0].data(), params[0].size()},
         {params[1].data(), params[1].size()}, {indptr.data(), indptr.size()}, {indices.data(), indices.size() - 1},
         {last_page_len.data(), last_page_len.size()}, s.batch, s.kv_heads, s.head_dim, s.page_size, num_pages,
-        max_pages, q, hnd);
+        max_pages, q, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
   sh::host_paged_kv_view<float> float_paged() {
     return sh::make_paged_kv_view<float, host>(
         {floats[0].data(), floats[0].size()}, {floats[1].data(), floats[1].size()}, {indptr.data(), indptr.size()},
         {indices.data(), indices.size() - 1}, {last_page_len.data(), last_page_len.size()}, s.batch, s.kv_heads,
-        s.head_dim, s.page_size, num_pages, max_pages, hnd);
+        s.head_dim, s.page_size, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
 
   // Appends one token to sequence b: quantized with the reference

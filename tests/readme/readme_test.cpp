@@ -1,6 +1,8 @@
 // The README's integration section, compiled verbatim: CMake extracts its
 // ```cpp blocks into readme_snippet.cpp (tests/readme/CMakeLists.txt) and
-// this engine drives them: two layers over their own page pools and ONE
+// this engine drives them (the template over the memory space, here for
+// the host backend; tests/cuda/token_level.cu's one_api part runs an
+// engine of the same shape on both): two layers over their own page pools and ONE
 // page table, requests joining, leaving and moving between batch slots,
 // prefill chunks and decode tokens in one ragged step, queries and a base-2
 // log-sum-exp computed here. Checks what an engine relies on: every layer
@@ -12,12 +14,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <vector>
 
 namespace {
 
+constexpr auto host = sh::memory_space::host;  // the README's engine, instantiated for the host backend
 constexpr std::int32_t num_layers = 2, kv_heads = 2, q_heads = 4, head_dim = 8, page_size = 4, num_pages = 96,
                        max_requests = 4, slots = 3, budget = 24, chunk = 8, max_pages = 16;
 
@@ -58,7 +63,15 @@ int main() {
                                                {last_page_len.data(), last_page_len.size()}, slots, kv_heads,
                                                head_dim, page_size, num_pages, max_pages);
   };
-  eviction ev(num_layers, max_requests, kv_heads, budget, chunk, sh::host::compress_workspace_bytes(layer_view(0)));
+  // The engine's memory for the states and the workspace, sized first.
+  using engine_eviction = eviction<host>;
+  const sh::state_shape shape = engine_eviction::layer_shape(max_requests, kv_heads, budget, chunk);
+  const std::size_t state_memory_bytes = num_layers * sh::state_bytes(shape);
+  std::unique_ptr<std::byte, decltype(&std::free)> state_memory(
+      static_cast<std::byte*>(std::aligned_alloc(256, state_memory_bytes)), &std::free);
+  std::vector<std::byte> workspace(engine_eviction::workspace_bytes(layer_view(0), shape));
+  engine_eviction ev(sh::backend<host>{}, num_layers, budget, shape, {state_memory.get(), state_memory_bytes},
+                     {workspace.data(), workspace.size()});
 
   std::vector<request> running;
   std::vector<int> free_rows{3, 2, 1, 0};
@@ -166,9 +179,12 @@ int main() {
                      sh::length_after_compress(lengths[static_cast<std::size_t>(b)], budget, ev.policy.config.evict_count),
              "layers agree on the new lengths, and they follow length_after_compress", step);
     std::vector<std::int32_t> released(static_cast<std::size_t>(num_pages), -1);
-    const std::size_t n = end_of_step({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                      {last_page_len.data(), last_page_len.size()}, page_size,
-                                      {new_lengths[0].data(), new_lengths[0].size()}, {released.data(), released.size()});
+    sh::shrink_result result{-1, 7};
+    ev.end_of_step({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
+                   {last_page_len.data(), last_page_len.size()}, page_size,
+                   {new_lengths[0].data(), new_lengths[0].size()}, {released.data(), released.size()}, {&result, 1});
+    expect(result.status == 0, "the host's shrink_result status is 0", step);
+    const auto n = static_cast<std::size_t>(result.released);
     std::size_t expected_release = 0;
     for (int b = 0; b < static_cast<int>(running.size()); ++b) {
       request& r = running[static_cast<std::size_t>(b)];

@@ -4,6 +4,7 @@
 // header under include/scissorhands is missing from this list). The .cuh
 // headers need nvcc and are not here; cuda/detail/*.hpp are plain C++.
 #include <scissorhands/attention_view.hpp>
+#include <scissorhands/backend.hpp>
 #include <scissorhands/bridge/bridge_impl.hpp>
 #include <scissorhands/compress_output.hpp>
 #include <scissorhands/config.hpp>
@@ -15,6 +16,7 @@
 #include <scissorhands/error.hpp>
 #include <scissorhands/eviction_state.hpp>
 #include <scissorhands/history_ring.hpp>
+#include <scissorhands/host/backend.hpp>
 #include <scissorhands/host/compress.hpp>
 #include <scissorhands/host/detail/eviction.hpp>
 #include <scissorhands/host/observe.hpp>

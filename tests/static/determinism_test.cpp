@@ -111,7 +111,7 @@ trace run(const sh::settings& s, std::uint64_t scratch_seed) {
       return sh::make_paged_kv_view<float, host>({k.data(), k.size()}, {v.data(), v.size()},
                                                  {indptr.data(), indptr.size()}, {indices.data(), indices.size()},
                                                  {last.data(), last.size()}, batch, heads, dim, page, pool, max_pages,
-                                                 /*hnd=*/true);
+                                                 sh::named_layout::hnd);
     else
       return sh::make_kv_view<float, host>({k.data(), static_cast<std::size_t>(batch) * capacity * heads * dim},
                                            {v.data(), static_cast<std::size_t>(batch) * capacity * heads * dim},

@@ -60,6 +60,29 @@ compress_workspace::sizes compress_sizes(const Policy& policy, const View& cache
   return n;
 }
 
+// Slots a sequence can hold, from the shapes alone (max_slots without a state).
+template <class View>
+std::int32_t max_slots(const View& cache, const state_shape& shape) {
+  const std::int32_t c = cache.max_capacity();
+  return c < shape.capacity ? c : shape.capacity;
+}
+
+// compress's sizes for every valid budget: a sequence evicts
+// length - budget + m < length tokens a head (validate_budget: m <= budget -
+// protected), so the slots it can hold bound the lists.
+template <class Policy, class View>
+compress_workspace::sizes compress_sizes(const Policy&, const View& cache, const state_shape& shape) {
+  constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
+  compress_workspace::sizes n;
+  n.batch = cache.batch > 0 ? cache.batch : 0;
+  n.lists = shared ? 1 : (cache.kv_heads > 0 ? cache.kv_heads : 0);
+  const std::int32_t slots = max_slots(cache, shape);
+  n.max_evict = slots > 0 ? slots : 0;
+  if constexpr (requires { cache.num_pages; }) n.pages = cache.num_pages > 0 ? cache.num_pages : 0;
+  n.key_slots = shared && slots > select_traits::tile_keys ? slots : 0;
+  return n;
+}
+
 // One layer's state seen as a model of one layer (shared_heads selection).
 inline model_state<memory_space::device> single_layer(const eviction_state<memory_space::device>& state) {
   model_state<memory_space::device> m;
@@ -92,47 +115,42 @@ std::size_t compress_workspace_bytes(const Policy& policy, const View& cache,
   return detail::compress_workspace::bytes(detail::compress_sizes(policy, cache, state, budget));
 }
 
-// Evicts, from every sequence holding `budget` tokens or more, the
-// length - budget + m lowest-scoring unprotected tokens of each KV head
-// (shared_heads: the same slots from every head, by the score combined
-// over the heads), and compacts K, V and the state (fill_holes or
-// preserve_order), exactly as host::compress; a quantized cache's code
-// rows and parameter rows move together. The cache's lengths and page
-// table are not written: out.new_lengths[b] gets every sequence's
-// length_after_compress (also for sequences skipped for a device-found
-// error: see status.cuh; a paged sequence whose indptr or last_page_len
-// entry is unusable counts as length 0, one listing a page id outside the
-// pool keeps the length those entries give) and out.freed_pages[b] (pages of several
-// tokens: required; page size 1 and contiguous: optional) the trailing pages of its list it no longer
-// uses. Apply them after the last layer that shares the table
-// (cuda::shrink_page_table for a FlashInfer table), in stream order. A
-// paged sequence at the budget one of whose pages is listed more than once
-// in the table is skipped (status_shared_page), as host::compress refuses
-// it.
+// The same from shapes and the policy only, for any budget, as
+// host::compress_workspace_bytes(policy, cache, shape): only the view's
+// shape fields are read (batch, kv_heads, capacity or pages), so a view
+// built before its memory exists (null spans) sizes the workspace. At
+// least the size the budget-specific overload gives.
 template <class Policy, class View>
   requires composed_policy<Policy>
-cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
-                     eviction_state<memory_space::device> state, std::int32_t budget,
-                     compress_output<memory_space::device> out, cudaStream_t stream = 0) {
-  const char* fn = "cuda::compress";
+std::size_t compress_workspace_bytes(const Policy& policy, const View& cache, const state_shape& shape) {
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
   static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
                 "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
                 "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
+  return detail::compress_workspace::bytes(detail::compress_sizes(policy, cache, shape));
+}
+
+namespace detail {
+// compress after the workspace is known: `size_name` and `data_name` are
+// the arguments a refusal names (the CUB-style call's workspace_bytes and
+// d_workspace, the span call's workspace).
+template <class Policy, class View>
+cudaError_t run_compress(const char* fn, void* d_workspace, std::size_t workspace_bytes, const char* size_name,
+                         const char* data_name, const Policy& policy, View cache,
+                         eviction_state<memory_space::device> state, std::int32_t budget,
+                         compress_output<memory_space::device> out, cudaStream_t stream) {
   constexpr bool shared = granularity_of<Policy> == granularity_kind::shared_heads;
-  if (d_workspace == nullptr) {
-    workspace_bytes = compress_workspace_bytes(policy, cache, state, budget);
-    return cudaSuccess;
-  }
   detail::validate_common(fn, policy, cache, state);
   detail::validate_budget(fn, policy, budget);
   const detail::compress_workspace::sizes sizes = detail::compress_sizes(policy, cache, state, budget);
   const std::size_t need = detail::compress_workspace::bytes(sizes);
-  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes,
+  detail::require(workspace_bytes >= need, fn, size_name, "is ", workspace_bytes,
                   ", below the ", need, " bytes the workspace query returned");
+  detail::require(d_workspace != nullptr, fn, data_name, "must not be null");
   detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % detail::compress_workspace::alignment == 0, fn,
-                  "d_workspace", "must be aligned to ", detail::compress_workspace::alignment, " bytes");
-  detail::validate_output(fn, cache, state, out, {d_workspace, workspace_bytes, "d_workspace"});
-  detail::validate_workspace_apart(fn, cache, state, {d_workspace, workspace_bytes, "d_workspace"});
+                  data_name, "must be aligned to ", detail::compress_workspace::alignment, " bytes");
+  detail::validate_output(fn, cache, state, out, {d_workspace, workspace_bytes, data_name});
+  detail::validate_workspace_apart(fn, cache, state, {d_workspace, workspace_bytes, data_name});
 
   const detail::sequence_table seqs = detail::make_sequence_table(cache);
   const detail::compress_workspace ws = detail::compress_workspace::carve(d_workspace, sizes);
@@ -157,6 +175,60 @@ cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Poli
                         stream, policy.config, seqs, detail::make_row_planes(cache), state, budget, ws,
                         out.new_lengths.data(), out.freed_pages.empty() ? nullptr : out.freed_pages.data());
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
+}
+}  // namespace detail
+
+// Evicts, from every sequence holding `budget` tokens or more, the
+// length - budget + m lowest-scoring unprotected tokens of each KV head
+// (shared_heads: the same slots from every head, by the score combined
+// over the heads), and compacts K, V and the state (fill_holes or
+// preserve_order), exactly as host::compress; a quantized cache's code
+// rows and parameter rows move together. The cache's lengths and page
+// table are not written: out.new_lengths[b] gets every sequence's
+// length_after_compress (also for sequences skipped for a device-found
+// error: see status.cuh; a paged sequence whose indptr or last_page_len
+// entry is unusable counts as length 0, one listing a page id outside the
+// pool keeps the length those entries give) and out.freed_pages[b] (pages of several
+// tokens: required; page size 1 and contiguous: optional) the trailing pages of its list it no longer
+// uses. Apply them after the last layer that shares the table
+// (cuda::shrink_page_table for a FlashInfer table), in stream order. A
+// paged sequence at the budget one of whose pages is listed more than once
+// in the table is skipped (status_shared_page), as host::compress refuses
+// it.
+//
+// host::compress's call on the device: the workspace a device span of at
+// least compress_workspace_bytes(policy, cache, shape) bytes, in the same
+// place as on the host, then the caller's stream.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t compress(const Policy& policy, View cache, eviction_state<memory_space::device> state, std::int32_t budget,
+                     device_span<std::byte> workspace, compress_output<memory_space::device> out,
+                     cudaStream_t stream = 0) {
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
+  return detail::run_compress("cuda::compress", workspace.data(), workspace.size(), "workspace", "workspace", policy,
+                              cache, state, budget, out, stream);
+}
+
+// Deprecated spelling, CUB's two-phase call (d_workspace == nullptr: the
+// size for this budget in workspace_bytes, nothing launched). Kept for
+// callers written against it; the call above is the one API of both
+// backends.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t compress(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                     eviction_state<memory_space::device> state, std::int32_t budget,
+                     compress_output<memory_space::device> out, cudaStream_t stream = 0) {
+  static_assert(granularity_of<Policy> != granularity_kind::shared_layers,
+                "a shared_layers policy evicts one set of slots for the whole model: observe every layer into a "
+                "model_state, then cuda::select once per step and cuda::compact (or cuda::forget) per layer");
+  if (d_workspace == nullptr) {
+    workspace_bytes = compress_workspace_bytes(policy, cache, state, budget);
+    return cudaSuccess;
+  }
+  return detail::run_compress("cuda::compress", d_workspace, workspace_bytes, "workspace_bytes", "d_workspace", policy,
+                              cache, state, budget, out, stream);
 }
 
 }  // namespace scissorhands::cuda

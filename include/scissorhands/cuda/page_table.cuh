@@ -32,6 +32,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "../compress_output.hpp"
 #include "../detail/validate.hpp"
 #include "../span.hpp"
 #include "block/collectives.cuh"
@@ -40,11 +41,8 @@
 
 namespace scissorhands::cuda {
 
-// What shrink_page_table reports, in device memory.
-struct shrink_result {
-  std::int32_t released = 0;  // page ids written to `released` (0 when status != 0)
-  std::uint32_t status = 0;   // status_flag bits; non-zero: nothing else was written
-};
+// What shrink_page_table reports, in device memory (compress_output.hpp).
+using scissorhands::shrink_result;
 
 namespace detail {
 
@@ -231,6 +229,16 @@ inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_sp
   a.result = d_result;
   detail::shrink_page_table_kernel<><<<1, page_table_traits::threads, 0, stream>>>(a);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
+}
+// host::shrink_page_table's span call on the device: `result` one
+// shrink_result in device memory, then the caller's stream.
+inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_span<std::int32_t> indices,
+                                     device_span<std::int32_t> last_page_len, std::int32_t page_size,
+                                     device_span<const std::int32_t> new_lengths, device_span<std::int32_t> released,
+                                     device_span<shrink_result> result, cudaStream_t stream = 0) {
+  scissorhands::detail::require(!result.empty() && result.data() != nullptr, "cuda::shrink_page_table", "result",
+                                "must hold one shrink_result, got ", result.size());
+  return shrink_page_table(indptr, indices, last_page_len, page_size, new_lengths, released, result.data(), stream);
 }
 
 }  // namespace scissorhands::cuda

@@ -136,6 +136,23 @@ std::size_t select_workspace_bytes(const Policy& policy, const View& cache,
   return detail::compress_workspace::bytes(detail::select_sizes(policy, cache, model, budget));
 }
 
+// The same from shapes and the policy only, for any budget, as
+// host::select_workspace_bytes(policy, cache, shape) (one layer's shape):
+// only the view's shape fields are read, so a view built before its memory
+// exists sizes the workspace.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+std::size_t select_workspace_bytes(const Policy&, const View& cache, const state_shape& shape) {
+  static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
+  detail::compress_workspace::sizes n;
+  n.batch = cache.batch > 0 ? cache.batch : 0;
+  n.lists = 1;
+  const std::int32_t slots = detail::max_slots(cache, shape);
+  n.max_evict = slots > 0 ? slots : 0;  // length - budget + m < length (validate_budget)
+  n.key_slots = slots > select_traits::tile_keys ? slots : 0;
+  return detail::compress_workspace::bytes(n);
+}
+
 // Chooses, for every sequence holding `budget` tokens or more, the
 // length - budget + m slots to evict from the whole model, exactly as
 // host::select: each slot's eviction score combined over the heads of
@@ -152,9 +169,13 @@ namespace detail {
 
 // select, from the model's scores or (reduced non-null) from all-reduced
 // partial scores.
+// `size_name` and `data_name` are the arguments a refusal names (the
+// CUB-style call's workspace_bytes and d_workspace, the span call's
+// workspace).
 template <class Policy, class View>
-cudaError_t run_select(const char* fn, void* d_workspace, std::size_t& workspace_bytes, const Policy& policy,
-                       View cache, model_state<memory_space::device> model, std::int32_t budget,
+cudaError_t run_select(const char* fn, void* d_workspace, std::size_t workspace_bytes, const char* size_name,
+                       const char* data_name, const Policy& policy, View cache,
+                       model_state<memory_space::device> model, std::int32_t budget,
                        const partial_scores<memory_space::device>* reduced,
                        eviction_selection<memory_space::device> selection,
                        device_span<const std::int32_t> pinned_prefix, cudaStream_t stream) {
@@ -163,21 +184,18 @@ cudaError_t run_select(const char* fn, void* d_workspace, std::size_t& workspace
                 "cuda::select chooses one set of slots for the whole model: give the policy a shared_layers "
                 "granularity (with_granularity<Policy, shared_layers<>>); per_head and shared_heads policies "
                 "evict layer by layer with cuda::compress");
-  if (d_workspace == nullptr) {
-    workspace_bytes = select_workspace_bytes(policy, cache, model, budget);
-    return cudaSuccess;
-  }
   validate_model(fn, policy, cache, model);
   validate_budget(fn, policy, budget);
   const std::int32_t m = policy.config.evict_count;
   // Workspace.
   const compress_workspace::sizes sizes = select_sizes(policy, cache, model, budget);
   const std::size_t need = compress_workspace::bytes(sizes);
-  require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
+  require(workspace_bytes >= need, fn, size_name, "is ", workspace_bytes, ", below the ", need,
           " bytes the workspace query returned");
-  require(reinterpret_cast<std::uintptr_t>(d_workspace) % compress_workspace::alignment == 0, fn, "d_workspace",
+  require(d_workspace != nullptr, fn, data_name, "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(d_workspace) % compress_workspace::alignment == 0, fn, data_name,
           "must be aligned to ", compress_workspace::alignment, " bytes");
-  const byte_range ws_range{d_workspace, workspace_bytes, "d_workspace"};
+  const byte_range ws_range{d_workspace, workspace_bytes, data_name};
   const partial_scores<memory_space::device> scores =
       reduced != nullptr ? *reduced : partial_scores<memory_space::device>{};
   if (reduced != nullptr) validate_partial_scores(fn, "reduced", scores, cache, model);
@@ -203,14 +221,31 @@ cudaError_t run_select(const char* fn, void* d_workspace, std::size_t& workspace
 
 }  // namespace detail
 
+// host::select's call on the device: the workspace a device span of at
+// least select_workspace_bytes(policy, cache, shape) bytes, in the same
+// place as on the host, then the caller's stream.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t select(const Policy& policy, View cache, model_state<memory_space::device> model, std::int32_t budget,
+                   device_span<std::byte> workspace, eviction_selection<memory_space::device> selection,
+                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
+  return detail::run_select("cuda::select", workspace.data(), workspace.size(), "workspace", "workspace", policy,
+                            cache, model, budget, nullptr, selection, pinned_prefix, stream);
+}
+// Deprecated spelling, CUB's two-phase call (d_workspace == nullptr: the
+// size for this budget in workspace_bytes); the call above is the one API.
 template <class Policy, class View>
   requires composed_policy<Policy>
 cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
                    model_state<memory_space::device> model, std::int32_t budget,
                    eviction_selection<memory_space::device> selection,
                    device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
-  return detail::run_select("cuda::select", d_workspace, workspace_bytes, policy, cache, model, budget, nullptr,
-                            selection, pinned_prefix, stream);
+  if (d_workspace == nullptr) {
+    workspace_bytes = select_workspace_bytes(policy, cache, model, budget);
+    return cudaSuccess;
+  }
+  return detail::run_select("cuda::select", d_workspace, workspace_bytes, "workspace_bytes", "d_workspace", policy,
+                            cache, model, budget, nullptr, selection, pinned_prefix, stream);
 }
 
 // Tensor parallelism (partial_scores.hpp, docs/tensor_parallel.md): this
@@ -255,14 +290,30 @@ cudaError_t local_scores(const Policy& policy, View cache, model_state<memory_sp
 // same reduced bits choose the same slots.
 template <class Policy, class View>
   requires composed_policy<Policy>
+cudaError_t select(const Policy& policy, View cache, model_state<memory_space::device> model, std::int32_t budget,
+                   partial_scores<memory_space::device> reduced, device_span<std::byte> workspace,
+                   eviction_selection<memory_space::device> selection,
+                   device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
+  static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
+                "select from reduced scores needs a head_reduction with `static constexpr all_reduce_op all_reduce`");
+  return detail::run_select("cuda::select", workspace.data(), workspace.size(), "workspace", "workspace", policy,
+                            cache, model, budget, &reduced, selection, pinned_prefix, stream);
+}
+// Deprecated spelling (CUB's two-phase call) of the same.
+template <class Policy, class View>
+  requires composed_policy<Policy>
 cudaError_t select(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
                    model_state<memory_space::device> model, std::int32_t budget,
                    partial_scores<memory_space::device> reduced, eviction_selection<memory_space::device> selection,
                    device_span<const std::int32_t> pinned_prefix = {}, cudaStream_t stream = 0) {
   static_assert(splittable_reduction<typename Policy::granularity::head_reduction>,
                 "select from reduced scores needs a head_reduction with `static constexpr all_reduce_op all_reduce`");
-  return detail::run_select("cuda::select", d_workspace, workspace_bytes, policy, cache, model, budget, &reduced,
-                            selection, pinned_prefix, stream);
+  if (d_workspace == nullptr) {
+    workspace_bytes = select_workspace_bytes(policy, cache, model, budget);
+    return cudaSuccess;
+  }
+  return detail::run_select("cuda::select", d_workspace, workspace_bytes, "workspace_bytes", "d_workspace", policy,
+                            cache, model, budget, &reduced, selection, pinned_prefix, stream);
 }
 
 // Bytes of workspace compact needs: 4 per pool page for a paged cache (the
@@ -276,38 +327,28 @@ std::size_t compact_workspace_bytes(const View& cache) {
     return 1;
 }
 
-// Applies a selection to one layer, exactly as host::compact: evicts its
-// slots from every head and closes the holes in K, V (a quantized cache:
-// codes and parameter rows together) and the layer's state
-// (settings.compaction_mode, as compress). Call it for every layer with
-// the same selection, then apply selection.out once (shrink_page_table).
-// Lengths and the page table are read, not written. A page that would be
-// written (one holding a slot in [first evicted slot, new length) of its
-// sequence) must be listed once in the table (status_shared_page); pages
-// wholly below a sequence's first evicted slot, such as a shared prefix
-// pinned in select, may be shared. Two-phase (d_workspace == nullptr: the
-// size query); one workspace serves every layer of a stream.
+namespace detail {
+// compact after the workspace is known (names as run_compress's). A
+// contiguous cache needs none: its workspace may be empty and null.
 template <class Policy, class View>
-  requires composed_policy<Policy>
-cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
-                    eviction_state<memory_space::device> state, eviction_selection<memory_space::device> selection,
-                    cudaStream_t stream = 0) {
-  const char* fn = "cuda::compact";
+cudaError_t run_compact(const char* fn, void* d_workspace, std::size_t workspace_bytes, const char* size_name,
+                        const char* data_name, const Policy& policy, View cache,
+                        eviction_state<memory_space::device> state, eviction_selection<memory_space::device> selection,
+                        cudaStream_t stream) {
   static_assert(View::space == memory_space::device, "the CUDA backend needs a device view");
   constexpr bool paged = requires { cache.page_size; };
-  if (d_workspace == nullptr) {
-    detail::validate_cache(fn, cache);
-    workspace_bytes = compact_workspace_bytes(cache);
-    return cudaSuccess;
-  }
   detail::validate_common(fn, policy, cache, state);
   detail::validate_selection_spans(fn, cache, selection);
-  const std::size_t need = compact_workspace_bytes(cache);
-  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
-                  " bytes the workspace query returned");
-  detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % alignof(std::int32_t) == 0, fn, "d_workspace",
+  std::size_t need = 0;
+  if constexpr (paged) {
+    need = compact_workspace_bytes(cache);
+    detail::require(workspace_bytes >= need, fn, size_name, "is ", workspace_bytes, ", below the ", need,
+                    " bytes the workspace query returned");
+    detail::require(d_workspace != nullptr, fn, data_name, "must not be null");
+  }
+  detail::require(reinterpret_cast<std::uintptr_t>(d_workspace) % alignof(std::int32_t) == 0, fn, data_name,
                   "must be aligned to ", alignof(std::int32_t), " bytes");
-  const detail::byte_range ws_range{d_workspace, paged ? need : 0, "d_workspace"};
+  const detail::byte_range ws_range{d_workspace, paged ? need : 0, data_name};
   {
     detail::byte_range kv[2], params[2];
     detail::kv_ranges(cache, kv);
@@ -333,6 +374,51 @@ cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Polic
                         compact_traits::stage_for(stable), stream, stable, true, seqs, detail::make_row_planes(cache),
                         state, sel, page_counts);
   return cudaPeekAtLastError();  // peek: never clear an error of the engine's own
+}
+}  // namespace detail
+
+// Applies a selection to one layer, exactly as host::compact: evicts its
+// slots from every head and closes the holes in K, V (a quantized cache:
+// codes and parameter rows together) and the layer's state
+// (settings.compaction_mode, as compress). Call it for every layer with
+// the same selection, then apply selection.out once (shrink_page_table).
+// Lengths and the page table are read, not written. A page that would be
+// written (one holding a slot in [first evicted slot, new length) of its
+// sequence) must be listed once in the table (status_shared_page); pages
+// wholly below a sequence's first evicted slot, such as a shared prefix
+// pinned in select, may be shared. One workspace serves every layer of a
+// stream.
+//
+// host::compact's call on the device: the workspace a device span of
+// compact_workspace_bytes(cache) bytes (a paged cache's page listing
+// counts; a contiguous cache's may be empty), in the same place as on the
+// host, then the caller's stream.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t compact(const Policy& policy, View cache, eviction_state<memory_space::device> state,
+                    eviction_selection<memory_space::device> selection, device_span<std::byte> workspace,
+                    cudaStream_t stream = 0) {
+  return detail::run_compact("cuda::compact", workspace.data(), workspace.size(), "workspace", "workspace", policy,
+                             cache, state, selection, stream);
+}
+// Deprecated spelling, CUB's two-phase call (d_workspace == nullptr: the
+// size in workspace_bytes, at least 1); the call above is the one API.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+cudaError_t compact(void* d_workspace, std::size_t& workspace_bytes, const Policy& policy, View cache,
+                    eviction_state<memory_space::device> state, eviction_selection<memory_space::device> selection,
+                    cudaStream_t stream = 0) {
+  const char* fn = "cuda::compact";
+  if (d_workspace == nullptr) {
+    detail::validate_cache(fn, cache);
+    workspace_bytes = compact_workspace_bytes(cache);
+    return cudaSuccess;
+  }
+  const std::size_t need = compact_workspace_bytes(cache);  // 1 for a contiguous cache, as the query said
+  detail::require(workspace_bytes >= need, fn, "workspace_bytes", "is ", workspace_bytes, ", below the ", need,
+                  " bytes the workspace query returned");
+  return detail::run_compact(fn, d_workspace, workspace_bytes, "workspace_bytes", "d_workspace", policy, cache, state,
+                             selection, stream);
 }
 
 // Applies a selection to one layer's state only, exactly as host::forget,

@@ -34,6 +34,14 @@ template <class View>
 std::size_t compress_workspace_bytes(const View& cache) {
   return detail::workspace_bytes(cache, detail::workspace_slots(cache, INT32_MAX), 1);
 }
+// The call both backends share (cuda::compress_workspace_bytes): sized
+// from the policy and the shapes only, for any budget; only the view's
+// shape fields are read, so a view built before its memory exists sizes it.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+std::size_t compress_workspace_bytes(const Policy&, const View& cache, const state_shape& state) {
+  return compress_workspace_bytes(cache, state);
+}
 
 namespace detail {
 
@@ -269,6 +277,17 @@ inline std::size_t shrink_page_table(host_span<std::int32_t> indptr, host_span<s
   }
   indptr[batch] = write;
   return out;
+}
+// The same call as cuda::shrink_page_table: the count goes to result[0]
+// (status 0: the host throws on bad data instead).
+inline void shrink_page_table(host_span<std::int32_t> indptr, host_span<std::int32_t> indices,
+                              host_span<std::int32_t> last_page_len, std::int32_t page_size,
+                              host_span<const std::int32_t> new_lengths, host_span<std::int32_t> released,
+                              host_span<shrink_result> result) {
+  detail::require(!result.empty() && result.data() != nullptr, "host::shrink_page_table", "result",
+                  "must hold one shrink_result, got ", result.size());
+  const std::size_t n = shrink_page_table(indptr, indices, last_page_len, page_size, new_lengths, released);
+  result[0] = {static_cast<std::int32_t>(n), 0};
 }
 
 }  // namespace scissorhands::host

@@ -39,6 +39,13 @@ template <class View>
 std::size_t select_workspace_bytes(const View& cache, const state_shape& state, std::int32_t slices) {
   return detail::sliced_workspace_bytes("host::select_workspace_bytes", cache, state.capacity, slices);
 }
+// The call both backends share (cuda::select_workspace_bytes): the policy
+// and the shapes only, for any budget.
+template <class Policy, class View>
+  requires composed_policy<Policy>
+std::size_t select_workspace_bytes(const Policy&, const View& cache, const state_shape& state) {
+  return select_workspace_bytes(cache, state);
+}
 
 // Bytes of workspace compact needs: one mark per pool page (paged caches,
 // for the shared-page check); 0 for a contiguous cache.
