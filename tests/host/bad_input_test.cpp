@@ -738,32 +738,43 @@ TEST_CASE("bad input: negative query stride", "[bad_input]") {
                 [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv); });
 }
 
+namespace {
+// One query per sequence and a dense natural LSE of ones over the contiguous
+// fixture: the LSE refusal cases change one thing each.
+struct lse_case {
+  contiguous_fixture<> f;
+  std::vector<float> q = std::vector<float>(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
+  std::vector<float> l = std::vector<float>(std::size_t{f.batch} * f.q_heads, 1.0f);
+  sh::query_view<float, host> queries() const {
+    return sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
+  }
+  sh::lse_view<host> lse(std::size_t size) const {
+    return sh::lse_view<host>::dense({l.data(), size}, f.q_heads, 1, sh::lse_base::natural);
+  }
+  void refused(const sh::lse_view<host>& lse, const char* argument) {
+    check_refused(f, "host::observe_queries", argument,
+                  [&] { sh::host::observe_queries(f.policy, f.view(), f.state, queries(), lse); });
+  }
+};
+}  // namespace
+
 TEST_CASE("bad input: negative lse stride", "[bad_input]") {
-  contiguous_fixture f;
-  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
-  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
-  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
+  lse_case c;
+  auto lse = c.lse(c.l.size());
   lse.head_stride = -1;
-  check_refused(f, "host::observe_queries", "lse strides",
-                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  c.refused(lse, "lse strides");
 }
 
 // The base is the engine's to name: a view built without one (aggregate
 // initialised, or a bridge lse with the default) is refused, never read as
 // natural, whatever the factory used to assume.
 TEST_CASE("bad input: lse base not named", "[bad_input]") {
-  contiguous_fixture f;
-  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
-  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
-  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
+  lse_case c;
+  auto lse = c.lse(c.l.size());
   lse.base = sh::lse_base::unspecified;
-  check_refused(f, "host::observe_queries", "lse.base",
-                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  c.refused(lse, "lse.base");
   lse.base = static_cast<sh::lse_base>(7);
-  check_refused(f, "host::observe_queries", "lse.base",
-                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  c.refused(lse, "lse.base");
   CHECK(sh::lse_view<host>{}.base == sh::lse_base::unspecified);
 }
 
@@ -777,24 +788,14 @@ TEST_CASE("bad input: softmax scale NaN or negative", "[bad_input]") {
 }
 
 TEST_CASE("bad input: non-finite lse", "[bad_input]") {
-  contiguous_fixture f;
-  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
-  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
-  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  l[5] = nan_f;
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size()}, f.q_heads, 1, sh::lse_base::natural);
-  check_refused(f, "host::observe_queries", "lse",
-                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  lse_case c;
+  c.l[5] = nan_f;
+  c.refused(c.lse(c.l.size()), "lse");
 }
 
 TEST_CASE("bad input: lse buffer too small", "[bad_input]") {
-  contiguous_fixture f;
-  std::vector<float> q(std::size_t{f.batch} * f.q_heads * f.head_dim, 0.5f);
-  auto qv = sh::query_view<float, host>::dense({q.data(), q.size()}, f.q_heads, 1, f.head_dim);
-  std::vector<float> l(std::size_t{f.batch} * f.q_heads, 1.0f);
-  auto lse = sh::lse_view<host>::dense({l.data(), l.size() - 1}, f.q_heads, 1, sh::lse_base::natural);
-  check_refused(f, "host::observe_queries", "lse.data",
-                [&] { sh::host::observe_queries(f.policy, f.view(), f.state, qv, lse); });
+  lse_case c;
+  c.refused(c.lse(c.l.size() - 1), "lse.data");
 }
 
 // ---------------------------------------------------------------------------
