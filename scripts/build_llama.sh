@@ -1,7 +1,8 @@
 # Sourced by main.sh, sweep.sh, granularity.sh and quantization.sh (from
 # the repository root): builds the llama example in Release in
 # $SCISSORHANDS_BUILD_DIR (default build, ccache when present) and sets
-# `bin` to its binary; creates results/; defines find_models.
+# `bin` to its binary; creates results/; defines find_models and
+# evaluate_models.
 build=${SCISSORHANDS_BUILD_DIR:-build}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -27,4 +28,27 @@ find_models() {
       echo "$1: $dir/$name.gguf not found; skipping it (../shared/models/README.md lists the models)" >&2
     fi
   done
+}
+
+# evaluate_models PREFIX ARGS...: `evaluate --protocol decode prefill:50%
+# ARGS` on each of `models`, writing results/PREFIX_<model>.csv and .png,
+# then results/PREFIX.csv with every model's rows; sets `csvs`.
+evaluate_models() {
+  local prefix=$1 model name t0 c
+  shift
+  csvs=()
+  for model in "${models[@]}"; do
+    name=$(basename "$model" .gguf)
+    echo
+    echo "=================== $name ==================="
+    t0=$SECONDS
+    "$bin" --model "$model" evaluate --protocol decode prefill:50% \
+      --csv "results/${prefix}_$name.csv" --plot "results/${prefix}_$name.png" "$@"
+    echo "($name: $((SECONDS - t0)) s)"
+    csvs+=("results/${prefix}_$name.csv")
+  done
+  {
+    head -1 "${csvs[0]}"
+    for c in "${csvs[@]}"; do tail -n +2 "$c"; done
+  } > "results/$prefix.csv"
 }

@@ -19,9 +19,7 @@
 # (SCISSORHANDS_GEMMA_VARIANTS=0 skips them). SCISSORHANDS_THREADS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-built=$(bash scripts/llama_cpp_build.sh)
-bin=$(sed -n 's/^bin=//p' <<<"$built")
-gemma=$(sed -n 's/^gemma=//p' <<<"$built")
+source scripts/llama_cpp_build.sh  # sets bin and gemma
 threads=${SCISSORHANDS_THREADS:-2}
 out=results
 mkdir -p "$out/gemma_tokens"

@@ -90,21 +90,7 @@ policies=(
 )
 
 start=$SECONDS
-csvs=()
-for model in "${models[@]}"; do
-  name=$(basename "$model" .gguf)
-  echo
-  echo "=================== $name ==================="
-  t0=$SECONDS
-  "$bin" --model "$model" evaluate --protocol decode prefill:50% --policies "${policies[@]}" \
-    --csv "results/granularity_$name.csv" --plot "results/granularity_$name.png" "$@"
-  echo "($name: $((SECONDS - t0)) s)"
-  csvs+=("results/granularity_$name.csv")
-done
-{
-  head -1 "${csvs[0]}"
-  for c in "${csvs[@]}"; do tail -n +2 "$c"; done
-} > results/granularity.csv
+evaluate_models granularity --policies "${policies[@]}" "$@"
 
 # One plot per protocol (decode; prefill, whose P is 50% of each model's
 # texts), a panel per model.

@@ -15,9 +15,7 @@
 # minutes); SCISSORHANDS_THREADS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-built=$(bash scripts/llama_cpp_build.sh)
-bin=$(sed -n 's/^bin=//p' <<<"$built")
-gemma=$(sed -n 's/^gemma=//p' <<<"$built")
+source scripts/llama_cpp_build.sh  # sets bin and gemma
 threads=${SCISSORHANDS_THREADS:-2}
 mkdir -p results
 licences=/usr/share/common-licenses

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Set-up and build shared by scripts/llama_cpp.sh and scripts/gemma_quality.sh:
-# installs what they need (scripts/setup.sh, scripts/setup_llama_cpp.sh),
-# builds scissorhands_llamacpp in SCISSORHANDS_BUILD_DIR (default build),
-# then prints bin=<the program> and gemma=<the GGUF>.
+# Set-up and build shared by scripts/llama_cpp.sh and scripts/gemma_quality.sh,
+# which source it: installs what they need (scripts/setup.sh,
+# scripts/setup_llama_cpp.sh), builds scissorhands_llamacpp in
+# SCISSORHANDS_BUILD_DIR (default build), then sets bin=<the program> and
+# gemma=<the GGUF>; run on its own, it prints those two lines.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh >&2
 setup=$(bash scripts/setup_llama_cpp.sh)
 prefix=$(sed -n 's/^prefix=//p' <<<"$setup")
@@ -14,5 +15,8 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" -DSCISSORHANDS_LLAMA_CPP_PREFIX="$prefix" >/dev/null
 cmake --build "$build" -j "$(nproc)" --target scissorhands_llamacpp >&2
-echo "bin=./$build/examples/llama_cpp/scissorhands_llamacpp"
-echo "gemma=$gemma"
+bin=./$build/examples/llama_cpp/scissorhands_llamacpp
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "bin=$bin"
+  echo "gemma=$gemma"
+fi

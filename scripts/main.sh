@@ -32,22 +32,8 @@ if [ ${#models[@]} -eq 0 ]; then
 fi
 
 start=$SECONDS
-csvs=()
-for model in "${models[@]}"; do
-  name=$(basename "$model" .gguf)
-  echo
-  echo "=================== $name ==================="
-  t0=$SECONDS
-  "$bin" --model "$model" evaluate --protocol decode prefill:50% \
-    --csv "results/llama_nll_$name.csv" --plot "results/llama_nll_$name.png" "$@"
-  echo "($name: $((SECONDS - t0)) s)"
-  csvs+=("results/llama_nll_$name.csv")
-done
-# All models in one CSV (the `model` column tells them apart).
-{
-  head -1 "${csvs[0]}"
-  for c in "${csvs[@]}"; do tail -n +2 "$c"; done
-} > results/llama_nll.csv
+# results/llama_nll.csv: all models in one CSV (the `model` column tells them apart).
+evaluate_models llama_nll "$@"
 # The README's summary table and docs/llama.md's per-model tables.
 if command -v python3 >/dev/null; then
   python3 scripts/readme_table.py results/llama_nll.csv > results/readme_table.md

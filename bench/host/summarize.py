@@ -63,6 +63,20 @@ def wall_us(b):
     return in_us(b, "real_time")
 
 
+def one_thread(name):
+    # A threaded benchmark's run on one thread (its partner: the same on two).
+    return "_threads/" in name and "/T:1" in name
+
+
+def pairs(runs, first, partner):
+    """(name, run, partner's name, partner's run, shape) for each run whose
+    name `first` accepts and whose partner (`partner` of its name) ran too."""
+    for name, b in runs.items():
+        other = partner(name) if first(name) else None
+        if other in runs:
+            yield name, b, other, runs[other], shape(name)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: summarize.py BENCHMARK_JSON")
@@ -81,16 +95,11 @@ def main():
     print()
     print("| policy | batch | B | m | library (µs) | library GiB/s | rows moved / call | naive (µs) | naive GiB/s | speed-up |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, b in runs.items():
-        if not name.startswith("compress/"):
-            continue
-        naive = runs.get("naive/" + name[len("compress/"):])
-        if naive is None:
-            continue
-        s = shape(name)
+    for name, b, naive_name, naive, s in pairs(runs, lambda n: n.startswith("compress/"),
+                                               lambda n: "naive/" + n[len("compress/"):]):
         policy = name.split("/")[1]
         print(f"| {policy} | {s['batch']} | {s['B']} | {s['m']} | {fmt_us(b, cv, name)} | {gib(b):.2f} | "
-              f"{b['moves/call']:,.0f} | {fmt_us(naive, cv, 'naive/' + name[len('compress/'):])} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
+              f"{b['moves/call']:,.0f} | {fmt_us(naive, cv, naive_name)} | {gib(naive):.2f} | {us(naive) / us(b):.1f}× |")
     copies = [(name, b) for name, b in runs.items() if name.startswith("copy/")]
     if copies:
         print()
@@ -98,16 +107,11 @@ def main():
         print("|---:|---:|---:|")
         for name, b in copies:
             print(f"| {name.split(':')[1]} | {fmt_us(b, cv, name)} | {gib(b):.2f} |")
-    threaded = [(name, b) for name, b in runs.items() if "_threads/" in name and "/T:1" in name]
-    if threaded:
+    if any(one_thread(name) for name in runs):
         print()
         print("| operation | batch | B | m | 1 thread (µs) | 2 threads (µs) | speed-up |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for name, one in threaded:
-            two = runs.get(name.replace("/T:1", "/T:2"))
-            if two is None:
-                continue
-            s = shape(name)
+        for name, one, _, two, s in pairs(runs, one_thread, lambda n: n.replace("/T:1", "/T:2")):
             op = name.split("/")[0]
             print(f"| {op} | {s['batch']} | {s['B']} | {s.get('m', '—')} | {wall_us(one):,.0f} | {wall_us(two):,.0f} | "
                   f"{wall_us(one) / wall_us(two):.2f}× |")

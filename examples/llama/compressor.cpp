@@ -1,11 +1,14 @@
 #include "compressor.hpp"
 #include "compressor_factory.hpp"
 
-#include <type_traits>
-
+#include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace llama {
 
@@ -59,10 +62,59 @@ bool parse_bool(const std::string& spec, const std::string& key, const std::stri
   bad(spec, key, "must be 0/1 (or true/false), got '" + v + "'");
 }
 
-gqa_kind parse_gqa(const std::string& spec, const std::string& v) {
-  if (v == "mean") return gqa_kind::mean;
-  if (v == "max") return gqa_kind::max;
-  bad(spec, "gqa", "must be mean or max, got '" + v + "'");
+// An enumerated key's value; `choices` in the order the refusal lists them.
+template <class T>
+T pick(const std::string& spec, const std::string& key, const std::string& v,
+       std::initializer_list<std::pair<const char*, T>> choices) {
+  std::string names;  // "a, b or c"
+  std::size_t i = 0;
+  for (const auto& [name, value] : choices) {
+    if (v == name) return value;
+    if (i++ > 0) names += i == choices.size() ? " or " : ", ";
+    names += name;
+  }
+  bad(spec, key, "must be " + names + ", got '" + v + "'");
+}
+
+// The presets, in the order the refusal of an unknown one lists them:
+// observation, history and settings (the library's own preset's where it
+// has one; else the defaults).
+struct preset {
+  const char* name;
+  observation_kind observation;
+  history_kind history;
+  sh::settings config{};
+  std::int32_t observe_last = 0;
+};
+
+const std::vector<preset>& presets() {
+  static const std::vector<preset> table = [] {
+    using o = observation_kind;
+    using h = history_kind;
+    // The library's preset, with r = 10 as every preset here (the texts'
+    // smallest budgets are 16 tokens) and SnapKV's observation window of
+    // the last 32 prompt queries in the prefill protocol.
+    sh::settings snapkv = sh::snapkv_policy{}.config;
+    snapkv.recent = 10;
+    sh::settings streaming{};
+    streaming.sinks = 4;  // StreamingLLM's default
+    return std::vector<preset>{
+        {"scissorhands",
+         std::is_same_v<sh::scissorhands_policy::observation, sh::unimportant_indicator> ? o::unimportant
+                                                                                         : o::important,
+         h::window, sh::scissorhands_policy{}.config},
+        {"scissorhands-paper", o::unimportant, h::window, sh::scissorhands_paper_policy{}.config},
+        {"scissorhands-important", o::important, h::window},
+        {"h2o", o::mass, h::unbounded},
+        {"tova", o::mass, h::window, sh::tova_policy{}.config},
+        {"snapkv", o::mass, h::unbounded, snapkv, 32},
+        {"streaming", o::recency, h::unbounded, streaming},
+        {"random", o::random, h::unbounded},
+        {"keynorm", o::key_norm, h::unbounded},
+        {"decay", o::mass, h::decay},
+    };
+  }();
+  return table;
 }
 
 const char* reduction_name(reduction_kind r) { return r == reduction_kind::max ? "max" : "mean"; }
@@ -167,60 +219,19 @@ std::string policy_help() {
 policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
   const auto colon = text.find(':');
   const std::string preset = text.substr(0, colon);
+  const auto& table = presets();
+  const auto found = std::find_if(table.begin(), table.end(), [&](const auto& x) { return preset == x.name; });
+  if (found == table.end()) {
+    std::string names;
+    for (const auto& x : table) names += (names.empty() ? "" : ", ") + std::string(x.name);
+    bad(text, "preset", "must be one of " + names + "; got '" + preset + "'");
+  }
   policy_spec p;
   p.label = preset;
-  if (preset == "scissorhands") {
-    // The library's scissorhands_policy with its defaults.
-    const sh::scissorhands_policy library;
-    p.observation = std::is_same_v<sh::scissorhands_policy::observation, sh::unimportant_indicator>
-                        ? observation_kind::unimportant
-                        : observation_kind::important;
-    p.history = history_kind::window;
-    p.config = library.config;
-  } else if (preset == "scissorhands-paper") {
-    const sh::scissorhands_paper_policy paper;
-    p.observation = observation_kind::unimportant;
-    p.history = history_kind::window;
-    p.config = paper.config;
-  } else if (preset == "scissorhands-important") {
-    p.observation = observation_kind::important;
-    p.history = history_kind::window;
-  } else if (preset == "tova") {
-    const sh::tova_policy tova;
-    p.observation = observation_kind::mass;
-    p.history = history_kind::window;
-    p.config = tova.config;
-  } else if (preset == "snapkv") {
-    // The library's preset, with r = 10 as every preset here (the texts'
-    // smallest budgets are 16 tokens) and SnapKV's observation window of
-    // the last 32 prompt queries in the prefill protocol.
-    const sh::snapkv_policy snapkv;
-    p.observation = observation_kind::mass;
-    p.history = history_kind::unbounded;
-    p.config = snapkv.config;
-    p.config.recent = 10;
-    p.observe_last = 32;
-  } else if (preset == "h2o") {
-    p.observation = observation_kind::mass;
-    p.history = history_kind::unbounded;
-  } else if (preset == "streaming") {
-    p.observation = observation_kind::recency;
-    p.history = history_kind::unbounded;
-    p.config.sinks = 4;  // StreamingLLM's default
-  } else if (preset == "random") {
-    p.observation = observation_kind::random;
-    p.history = history_kind::unbounded;
-  } else if (preset == "keynorm") {
-    p.observation = observation_kind::key_norm;
-    p.history = history_kind::unbounded;
-  } else if (preset == "decay") {
-    p.observation = observation_kind::mass;
-    p.history = history_kind::decay;
-  } else {
-    bad(text, "preset",
-        "must be one of scissorhands, scissorhands-paper, scissorhands-important, h2o, tova, snapkv, streaming, random, "
-        "keynorm, decay; got '" + preset + "'");
-  }
+  p.observation = found->observation;
+  p.history = found->history;
+  p.config = found->config;
+  p.observe_last = found->observe_last;
   sh::settings& c = p.config;
   if (o.window) c.window = *o.window;
   if (o.recent) c.recent = *o.recent;
@@ -248,37 +259,33 @@ policy_spec parse_policy(const std::string& text, const policy_overrides& o) {
     else if (key == "alpha") c.alpha = parse_float(text, key, v);
     else if (key == "decay") c.decay = parse_float(text, key, v);
     else if (key == "norm") c.normalize = parse_bool(text, key, v);
-    else if (key == "gqa") p.gqa = parse_gqa(text, v);
+    else if (key == "gqa")
+      p.gqa = pick<gqa_kind>(text, key, v, {{"mean", gqa_kind::mean}, {"max", gqa_kind::max}});
     else if (key == "seed") c.seed = static_cast<std::uint32_t>(parse_int(text, key, v, 0));
     else if (key == "label") p.label = v, labelled = true;
     else if (key == "pool") c.pool_width = parse_int(text, key, v, 1);
     else if (key == "k") p.observe_last = parse_int(text, key, v, 0);
-    else if (key == "poolmode") {
-      if (v == "mean") c.pool_mode = sh::pooling::mean;
-      else if (v == "max") c.pool_mode = sh::pooling::max;
-      else bad(text, key, "must be mean or max, got '" + v + "'");
-    }
+    else if (key == "poolmode")
+      c.pool_mode = pick<sh::pooling>(text, key, v, {{"mean", sh::pooling::mean}, {"max", sh::pooling::max}});
     else if (key == "gran") p.granularity = parse_granularity(v, "policy '" + text + "': gran");
-    else if (key == "compaction") {
-      if (v == "fill") c.compaction_mode = sh::compaction::fill_holes;
-      else if (v == "order") c.compaction_mode = sh::compaction::preserve_order;
-      else bad(text, key, "must be fill or order, got '" + v + "'");
-    } else if (key == "obs") {
-      if (v == "important") p.observation = observation_kind::important;
-      else if (v == "unimportant") p.observation = observation_kind::unimportant;
-      else if (v == "mass") p.observation = observation_kind::mass;
-      else if (v == "keynorm") p.observation = observation_kind::key_norm;
-      else if (v == "recency") p.observation = observation_kind::recency;
-      else if (v == "random") p.observation = observation_kind::random;
-      else bad(text, key, "must be important, unimportant, mass, keynorm, recency or random, got '" + v + "'");
-    } else if (key == "hist") {
-      if (v == "window") p.history = history_kind::window;
-      else if (v == "unbounded") p.history = history_kind::unbounded;
-      else if (v == "decay") p.history = history_kind::decay;
-      else bad(text, key, "must be window, unbounded or decay, got '" + v + "'");
-    } else {
-      bad(text, "key '" + key + "'", "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction pool poolmode k gran label");
-    }
+    else if (key == "compaction")
+      c.compaction_mode = pick<sh::compaction>(
+          text, key, v, {{"fill", sh::compaction::fill_holes}, {"order", sh::compaction::preserve_order}});
+    else if (key == "obs")
+      p.observation = pick<observation_kind>(text, key, v,
+                                             {{"important", observation_kind::important},
+                                              {"unimportant", observation_kind::unimportant},
+                                              {"mass", observation_kind::mass},
+                                              {"keynorm", observation_kind::key_norm},
+                                              {"recency", observation_kind::recency},
+                                              {"random", observation_kind::random}});
+    else if (key == "hist")
+      p.history = pick<history_kind>(
+          text, key, v,
+          {{"window", history_kind::window}, {"unbounded", history_kind::unbounded}, {"decay", history_kind::decay}});
+    else
+      bad(text, "key '" + key + "'",
+          "is unknown; keys: w r s m alpha decay norm gqa seed obs hist compaction pool poolmode k gran label");
   }
   // A static score is given once and never updated: any history is moot, and
   // a sliding window would only allocate ring memory for nothing.

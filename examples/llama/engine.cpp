@@ -187,6 +187,26 @@ std::vector<cache_view> engine::caches() {
   return out;
 }
 
+void engine::observe_and_compress(std::int32_t layer, const cache_view& stored, const attention_batch& att,
+                                  std::int32_t budget, std::chrono::steady_clock::time_point l0,
+                                  std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress) {
+  compressor_->observe(layer, stored, att);
+  if (compressor_->model_wide()) {
+    library += clock_type::now() - l0;
+    return;
+  }
+  if (before_compress) {
+    const auto h0 = clock_type::now();
+    before_compress(layer);
+    library -= clock_type::now() - h0;
+  }
+  const auto c0 = clock_type::now();
+  lengths_[static_cast<std::size_t>(layer)] = compressor_->compress(layer, stored, budget);
+  const auto c1 = clock_type::now();
+  library += c1 - l0;
+  compress += c1 - c0;
+}
+
 void engine::compress_model(std::int32_t budget, std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress) {
   if (before_compress) {
     const auto h0 = clock_type::now();
@@ -435,24 +455,9 @@ const float* engine::step(std::int32_t token) {
       att.lse = lse_.data();
       att.q_heads = c.q_heads;
       att.q_len = 1;
-      compressor_->observe(l, stored, att);
-      if (compressor_->model_wide()) {
-        // shared_layers: the slots are chosen for the whole model once every
-        // layer has observed this step (below). Deferring is exact: this
-        // layer's attention already ran, and the next step sees the result.
-        library += clock_type::now() - l0;
-      } else {
-        if (before_compress) {
-          const auto h0 = clock_type::now();
-          before_compress(l);
-          library -= clock_type::now() - h0;
-        }
-        const auto c0 = clock_type::now();
-        lengths_[static_cast<std::size_t>(l)] = compressor_->compress(l, stored);
-        const auto c1 = clock_type::now();
-        library += c1 - l0;
-        compress += c1 - c0;
-      }
+      // shared_layers defers to compress_model after the last layer. That is
+      // exact: this layer's attention already ran, and the next step sees the result.
+      observe_and_compress(l, stored, att, compressor_->budget(l), l0, library, compress);
     }
 
     matvec(xb_.data(), w.wo, att_out_.data(), dim, c.q_heads * hd);
@@ -572,24 +577,11 @@ const float* engine::prefill(const std::int32_t* tokens, std::int32_t n) {
       att.lse = plse_.data() + first * static_cast<std::size_t>(c.q_heads);
       att.q_heads = c.q_heads;
       att.q_len = k;
-      compressor_->observe(l, stored, att);
-      if (compressor_->model_wide()) {
-        // shared_layers: compressed once every layer has observed (below);
-        // the later layers' inputs came from this layer's full attention.
-        library += clock_type::now() - l0;
-      } else {
-        if (before_compress) {
-          const auto h0 = clock_type::now();
-          before_compress(l);
-          library -= clock_type::now() - h0;
-        }
-        // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
-        const auto c0 = clock_type::now();
-        len = compressor_->compress(l, stored, compressor_->budget(l) + compressor_->spec().config.evict_count);
-        const auto c1 = clock_type::now();
-        library += c1 - l0;
-        compress += c1 - c0;
-      }
+      // compress at budget B + m leaves B tokens: it evicts len - (B + m) + m.
+      // (shared_layers: compress_model once every layer has observed, below;
+      // the later layers' inputs came from this layer's full attention.)
+      observe_and_compress(l, stored, att, compressor_->budget(l) + compressor_->spec().config.evict_count, l0, library,
+                           compress);
     }
 
     matmul_tokens(pxb_.data(), w.wo, patt_.data(), dim, qd, n);

@@ -127,6 +127,13 @@ class engine {
 
  private:
   void allocate_cache();
+  // The library on one layer: observes `att`, then compresses the layer to
+  // `budget` (its length set to the result), unless the compressor is
+  // model-wide (shared_layers: compress_model after the last layer). Time
+  // since l0 added to library, compress's own to compress.
+  void observe_and_compress(std::int32_t layer, const cache_view& stored, const attention_batch& att,
+                            std::int32_t budget, std::chrono::steady_clock::time_point l0,
+                            std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress);
   // shared_layers: select + compact every layer at `budget`, every length
   // set to the result; time added to library and compress.
   void compress_model(std::int32_t budget, std::chrono::nanoseconds& library, std::chrono::nanoseconds& compress);

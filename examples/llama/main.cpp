@@ -472,15 +472,8 @@ int run_plot(const std::string& csv, const std::string& png) {
 int synthetic_demo() {
   std::cerr << "Falling back to the synthetic demo: a random-weight model of stories260K's shape, random text.\n"
                "(For the synthetic workload without a model see also the scissorhands_synthetic example.)\n";
-  model_config c;
-  c.dim = 64;
-  c.layers = 2;
-  c.q_heads = 8;
-  c.kv_heads = 4;
-  c.head_dim = 8;
-  c.hidden = 172;
-  c.vocab = 512;
-  c.context = 512;
+  const model_config c{
+      .dim = 64, .layers = 2, .q_heads = 8, .kv_heads = 4, .head_dim = 8, .hidden = 172, .vocab = 512, .context = 512};
   const model m = model::random(c, 7);
   const auto texts = sample_texts(m, 2, 160, 1, 1.0f, 1.0f);
   std::vector<policy_spec> specs;

@@ -33,7 +33,9 @@ struct common_options {
   std::vector<std::int32_t> global_layers;
 };
 
-void add_common(CLI::App* app, common_options& c) {
+// A subcommand with the options every one takes.
+CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& what, common_options& c) {
+  CLI::App* app = parent.add_subcommand(name, what);
   app->add_option("--model,-m", c.model_path, "GGUF file llama.cpp loads")->required()->check(CLI::ExistingFile);
   app->add_option("--threads,-t", c.threads, "llama.cpp threads")->capture_default_str()->check(CLI::Range(1, 256));
   app->add_option("--scores", c.scores,
@@ -42,6 +44,16 @@ void add_common(CLI::App* app, common_options& c) {
       ->check(CLI::IsMember({"all", "global"}));
   app->add_option("--global-layers", c.global_layers,
                   "sliding-window models: the full-attention layers (default: llama.cpp's layout for gemma2/gemma3)");
+  return app;
+}
+
+// --csv (`rows`: what it holds), --f32-cache and --save-tokens, as evaluate
+// and persistence take them.
+void add_outputs(CLI::App* app, std::string& csv, const std::string& rows, bool& f32_cache, std::string& save_tokens) {
+  app->add_option("--csv", csv, "write the " + rows + " as CSV");
+  app->add_flag("--f32-cache", f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
+  app->add_option("--save-tokens", save_tokens, "write each text's token ids to DIR/<name>.tokens")
+      ->check(CLI::ExistingDirectory);
 }
 
 struct policy_overrides {
@@ -700,8 +712,7 @@ int main(int argc, char** argv) {
   CLI::App app{"scissorhands inside stock llama.cpp (docs/llama_cpp.md)"};
   app.require_subcommand(1);
   evaluate_options ev;
-  auto* e = app.add_subcommand("evaluate", "teacher-forced NLL: policies x budgets, against the full cache");
-  add_common(e, ev.common);
+  auto* e = add_command(app, "evaluate", "teacher-forced NLL: policies x budgets, against the full cache", ev.common);
   add_overrides(e, ev.overrides);
   e->add_option("--text", ev.text_files, "UTF-8 text files (tokenized by llama.cpp, BOS first)")->check(CLI::ExistingFile);
   e->add_option("--tokens", ev.token_files, "token-id files (whitespace-separated ids)")->check(CLI::ExistingFile);
@@ -719,14 +730,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"decode", "prefill"}));
   e->add_option("--chunk", ev.chunk, "tokens per llama_decode (m: evicted per trigger)")->capture_default_str()->check(CLI::Range(1, 4096));
-  e->add_option("--csv", ev.csv, "write the cells as CSV");
-  e->add_flag("--f32-cache", ev.f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
-  e->add_option("--save-tokens", ev.save_tokens, "write each text's token ids to DIR/<name>.tokens")
-      ->check(CLI::ExistingDirectory);
+  add_outputs(e, ev.csv, "cells", ev.f32_cache, ev.save_tokens);
 
   check_options ck;
-  auto* c = app.add_subcommand("check-reads", "the glue observes and never evicts: logits bit for bit");
-  add_common(c, ck.common);
+  auto* c = add_command(app, "check-reads", "the glue observes and never evicts: logits bit for bit", ck.common);
   c->add_option("--text", ck.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
   c->add_option("--tokens", ck.token_files, "token-id files")->check(CLI::ExistingFile);
   c->add_option("--length", ck.length, "tokens per text")->capture_default_str();
@@ -734,8 +741,7 @@ int main(int argc, char** argv) {
   c->add_option("--policy", ck.policy, "preset observed")->capture_default_str();
 
   persistence_options pe;
-  auto* p = app.add_subcommand("persistence", "the paper's persistence of importance per layer, full cache");
-  add_common(p, pe.common);
+  auto* p = add_command(app, "persistence", "the paper's persistence of importance per layer, full cache", pe.common);
   p->add_option("--text", pe.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
   p->add_option("--tokens", pe.token_files, "token-id files")->check(CLI::ExistingFile);
   p->add_option("--samples", pe.samples, "texts sampled from the model");
@@ -751,14 +757,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   p->add_option("--split", pe.split, "S = floor(split * T)")->capture_default_str()->check(CLI::Range(0.01, 0.99));
-  p->add_option("--csv", pe.csv, "write the layers as CSV");
-  p->add_flag("--f32-cache", pe.f32_cache, "cache K and V as F32 (llama.cpp's default is F16)");
-  p->add_option("--save-tokens", pe.save_tokens, "write each text's token ids to DIR/<name>.tokens")
-      ->check(CLI::ExistingDirectory);
+  add_outputs(p, pe.csv, "layers", pe.f32_cache, pe.save_tokens);
 
   generate_options gen;
-  auto* g = app.add_subcommand("generate", "sample text with the cache held to a budget of cells");
-  add_common(g, gen.common);
+  auto* g = add_command(app, "generate", "sample text with the cache held to a budget of cells", gen.common);
   add_overrides(g, gen.overrides);
   g->add_option("--prompt,-p", gen.prompt, "prompt")->capture_default_str();
   g->add_option("--policy", gen.policy, preset_names())->capture_default_str();
@@ -770,8 +772,7 @@ int main(int argc, char** argv) {
   g->add_flag("--quiet", gen.quiet, "print the summary line only");
 
   speed_options sp;
-  auto* s = app.add_subcommand("speed", "decode tokens/s with and without eviction at the same cache size");
-  add_common(s, sp.common);
+  auto* s = add_command(app, "speed", "decode tokens/s with and without eviction at the same cache size", sp.common);
   add_overrides(s, sp.overrides);
   s->add_option("--text", sp.text_files, "text file for the prompt")->required()->check(CLI::ExistingFile);
   s->add_option("--budget", sp.budget, "cells")->capture_default_str();

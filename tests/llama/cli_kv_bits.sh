@@ -16,18 +16,7 @@ bin=$1
 model=$2
 work=$3
 golden=$4
-name=$(basename "$model" .gguf)
-if [ ! -f "$model" ]; then
-  echo "cli_kv_bits.sh: skipped, $model not found (../shared/models/README.md lists the models)" >&2
-  exit 77
-fi
-mkdir -p "$work"
-fail=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what" >&2; fail=1; fi
-}
+source "$(dirname "$0")/cli_common.sh"  # name, the skip (exit 77), check and fail
 # A column of a CSV by name: col CSV NAME prints the values, header dropped.
 col() {
   awk -F, -v name="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == name) c = i; next } { print $c }' "$1"

@@ -14,18 +14,7 @@ set -uo pipefail
 bin=$1
 model=$2
 work=$3
-name=$(basename "$model" .gguf)
-if [ ! -f "$model" ]; then
-  echo "cli_models.sh: skipped, $model not found (../shared/models/README.md lists the models)" >&2
-  exit 77
-fi
-mkdir -p "$work"
-fail=0
-check() {  # check DESCRIPTION COMMAND...: the command must succeed
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what" >&2; fail=1; fi
-}
+source "$(dirname "$0")/cli_common.sh"  # name, the skip (exit 77), check and fail
 
 # The trained context, as the CLI reports it.
 context=$("$bin" --model "$model" info | sed -n 's/^  trained context \([0-9]*\) tokens.*/\1/p')

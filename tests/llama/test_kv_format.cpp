@@ -23,15 +23,8 @@ namespace sh = scissorhands;
 using namespace llama;
 
 model small_model() {
-  model_config c;
-  c.dim = 64;
-  c.layers = 2;
-  c.q_heads = 8;
-  c.kv_heads = 4;
-  c.head_dim = 8;
-  c.hidden = 96;
-  c.vocab = 64;
-  c.context = 256;
+  const model_config c{
+      .dim = 64, .layers = 2, .q_heads = 8, .kv_heads = 4, .head_dim = 8, .hidden = 96, .vocab = 64, .context = 256};
   return model::random(c, 3);
 }
 
