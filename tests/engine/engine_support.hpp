@@ -1,26 +1,33 @@
 #pragma once
 // Small pieces the engine tests share: a deterministic random source, token
 // contents derived from (request, layer, head, position), a 256-byte aligned
-// buffer, and byte snapshots. Self-contained on purpose: nothing here comes
-// from tests/host or from the library's selection code.
+// buffer, byte snapshots, and the steps every engine loop repeats (settings,
+// state rows, batch order, refused calls, the step's error report). Only the
+// hash finaliser comes from tests/host; nothing here calls the library's
+// selection code.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <new>
+#include <set>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#include <scissorhands/scissorhands.hpp>
+
+#include "../host/support.hpp"
 
 namespace engine_test {
 
-// splitmix64's finaliser.
-inline std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using sh_test::mix64;
 
+// Another seed than tests/host's hash_of: the engine tests' data stays as it was.
 inline std::uint64_t hash_of(std::initializer_list<std::int64_t> parts) {
   std::uint64_t h = 0xE6617E5Dull;
   for (std::int64_t p : parts) h = mix64(h ^ static_cast<std::uint64_t>(p));
@@ -54,8 +61,8 @@ inline float hashed_value(std::uint64_t h, float amplitude) {
 // The V row names its token: V[0] = position, V[1] = request id, V[2] =
 // layer * 64 + head (all exact in fp32), so the checker can tell which token
 // a slot holds by reading the cache alone.
-inline float token_value(int kind, std::int32_t request, std::int32_t layer, std::int32_t head,
-                         std::int32_t position, std::int32_t d) {
+inline float token_value(int kind, std::int32_t request, std::int32_t layer, std::int32_t head, std::int32_t position,
+                         std::int32_t d) {
   if (kind == 1 && d == 0) return static_cast<float>(position);
   if (kind == 1 && d == 1) return static_cast<float>(request);
   if (kind == 1 && d == 2) return static_cast<float>(layer * 64 + head);
@@ -97,6 +104,131 @@ template <class T>
 std::vector<unsigned char> bytes_of(const T* data, std::size_t count) {
   const auto* p = reinterpret_cast<const unsigned char*>(data);
   return {p, p + count * sizeof(T)};
+}
+
+// Byte snapshots of everything a refused call must leave alone.
+using snapshot_t = std::vector<std::vector<unsigned char>>;
+
+template <class T>
+void push_one(snapshot_t& s, const std::vector<T>& v) {
+  s.push_back(bytes_of(v.data(), v.size()));
+}
+template <class T>
+void push_one(snapshot_t& s, const std::vector<std::vector<T>>& group) {
+  for (const auto& v : group) push_one(s, v);
+}
+// The bytes of each vector (or of each vector of a group, as per layer) onto the snapshot.
+template <class... Vectors>
+void push_bytes(snapshot_t& s, const Vectors&... vs) {
+  (push_one(s, vs), ...);
+}
+
+// A pool's contents before any token is written: per (tag, layer, element),
+// an integer of `base` and up, so never a token's value (those are below 4).
+inline std::vector<float> background(std::size_t elements, float base, std::int64_t tag, std::int32_t layer) {
+  std::vector<float> pool(elements);
+  for (std::size_t i = 0; i < elements; ++i)
+    pool[i] = base + static_cast<float>(hash_of({tag, layer, static_cast<std::int64_t>(i)}) >> 48);
+  return pool;
+}
+
+// Settings by the letters the paper uses (m, r, s, w), the rest at their defaults.
+inline scissorhands::settings make_settings(std::int32_t m, std::int32_t recent, std::int32_t sinks,
+                                            std::int32_t window, bool normalize, scissorhands::compaction mode) {
+  return {.window = window,
+          .recent = recent,
+          .sinks = sinks,
+          .evict_count = m,
+          .normalize = normalize,
+          .compaction_mode = mode};
+}
+
+// A joining request's state row: any free one (so rows get reused out of order).
+inline std::int32_t take_row(rng& r, std::vector<std::int32_t>& free_rows, std::vector<std::int32_t>& used_rows,
+                             std::int64_t& reused) {
+  const std::size_t pick = r.next() % free_rows.size();
+  const std::int32_t row = free_rows[pick];
+  free_rows.erase(free_rows.begin() + static_cast<std::ptrdiff_t>(pick));
+  if (std::find(used_rows.begin(), used_rows.end(), row) != used_rows.end()) ++reused;
+  used_rows.push_back(row);
+  return row;
+}
+
+// 0..n-1 in a random order: the batch positions of an engine that reorders freely.
+inline std::vector<std::int32_t> shuffled_order(std::size_t n, rng& r) {
+  std::vector<std::int32_t> order;
+  for (std::size_t i = 0; i < n; ++i) order.push_back(static_cast<std::int32_t>(i));
+  r.shuffle(order);
+  return order;
+}
+
+// `call` (described by `label`) must throw scissorhands::invalid_argument
+// from `function`, naming `argument` (also first in what()), and leave
+// snapshot() as it was; `refused`, where given, counts the calls.
+template <class Call, class Snapshot>
+void check_refused(const std::string& label, const std::string& function, const std::string& argument, Call call,
+                   const Snapshot& snapshot, std::int64_t* refused = nullptr) {
+  INFO("refused call: " << label);
+  const auto before = snapshot();
+  bool threw = false;
+  std::string what, fn, arg;
+  try {
+    call();
+  } catch (const scissorhands::invalid_argument& e) {
+    threw = true;
+    what = e.what();
+    fn = e.function();
+    arg = e.argument();
+  }
+  CHECK(threw);
+  if (threw) {
+    INFO("what(): " << what);
+    CHECK(fn == function);
+    CHECK(arg == argument);
+    CHECK(what.rfind("scissorhands::" + function + ": argument '" + argument + "'", 0) == 0);
+  }
+  CHECK((snapshot() == before));
+  if (refused != nullptr) ++*refused;
+}
+
+// A slot's K and V rows hold exactly what the token at `position` was
+// written with (value(kind, d) gives element d); else the error names the
+// token the V row does hold.
+template <class Value>
+void check_kv_rows(const float* k_row, const float* v_row, std::int32_t head_dim, std::int32_t position, Value value,
+                   const std::string& where, std::vector<std::string>& errors) {
+  std::vector<float> want(static_cast<std::size_t>(head_dim));
+  const float* rows[2] = {k_row, v_row};
+  for (int kind = 0; kind < 2; ++kind) {
+    for (std::int32_t d = 0; d < head_dim; ++d) want[static_cast<std::size_t>(d)] = value(kind, d);
+    if (std::memcmp(rows[kind], want.data(), want.size() * sizeof(float)) != 0) {
+      errors.push_back(where + (kind == 0 ? "K" : "V") + " row is not the one position " + std::to_string(position) +
+                       " was written with (the V row names position " + std::to_string(v_row[0]) + " of " +
+                       std::to_string(v_row[1]) + ")");
+      return;
+    }
+  }
+}
+
+// Every protected token ever admitted (the recent window, the sinks) is still
+// among `seen`, the positions a head holds.
+inline void check_protected(const std::set<std::int32_t>& seen, std::int32_t start, std::int32_t next_position,
+                            const scissorhands::settings& s, const std::string& where,
+                            std::vector<std::string>& errors) {
+  for (std::int32_t p = std::max(start, next_position - s.recent); p < next_position; ++p)
+    if (!seen.count(p)) errors.push_back(where + "recent position " + std::to_string(p) + " is gone");
+  for (std::int32_t p = start; p < std::min(s.sinks, next_position); ++p)
+    if (!seen.count(p)) errors.push_back(where + "sink position " + std::to_string(p) + " is gone");
+}
+
+// The end of a step: its problems (the first 12) as one failure, and no
+// further steps, which would only repeat them.
+inline void report_step_errors(const std::vector<std::string>& errors) {
+  if (errors.empty()) return;
+  std::ostringstream all;
+  for (std::size_t i = 0; i < std::min<std::size_t>(errors.size(), 12); ++i) all << errors[i] << "\n";
+  FAIL_CHECK(errors.size() << " problems after the step:\n" << all.str());
+  REQUIRE(errors.empty());
 }
 
 }  // namespace engine_test

@@ -18,8 +18,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
+#include <set>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <scissorhands/scissorhands.hpp>
@@ -35,10 +39,10 @@ struct contribution {
 
 struct model_token {
   std::int32_t position = 0;
-  float score = 0.0f;     // exact path
-  float observed = 0.0f;  // steps observed (capped at w for a sliding window); exact in both paths
-  double lo = 0.0, hi = 0.0;                     // unbounded history: bounds of the running sum
-  std::map<std::int64_t, contribution> seen;     // sliding window: the window's steps only
+  float score = 0.0f;                         // exact path
+  float observed = 0.0f;                      // steps observed (capped at w for a sliding window); exact in both paths
+  double lo = 0.0, hi = 0.0;                  // unbounded history: bounds of the running sum
+  std::map<std::int64_t, contribution> seen;  // sliding window: the window's steps only
 };
 
 template <class Policy>
@@ -63,8 +67,7 @@ struct model_rules {
 
   // The GQA group's probabilities of one key at one query, combined: exact
   // from the fp32 values handed to the library, bounds from doubles.
-  contribution combine(const float* p_exact, const double* p_double, std::int32_t group,
-                       std::int32_t visible) const {
+  contribution combine(const float* p_exact, const double* p_double, std::int32_t group, std::int32_t visible) const {
     float acc = 0.0f;
     double accd = 0.0;
     for (std::int32_t g = 0; g < group; ++g) {
@@ -150,5 +153,62 @@ struct model_rules {
     return position >= next_position - cfg.recent || position < cfg.sinks;
   }
 };
+
+// The slot order after the victims leave: `stable` keeps the survivors in
+// order (compaction::preserve_order, and forget always); otherwise
+// fill_holes: the holes below the kept length take the survivors above it,
+// both in ascending slot order.
+template <class T>
+std::vector<T> after_eviction(std::vector<T> slots, const std::vector<char>& gone, bool stable) {
+  const auto len = static_cast<std::int32_t>(slots.size());
+  std::int32_t evicted = 0;
+  for (char g : gone) evicted += g != 0;
+  const std::int32_t kept = len - evicted;
+  std::vector<T> out;
+  if (stable) {
+    for (std::int32_t s = 0; s < len; ++s)
+      if (!gone[static_cast<std::size_t>(s)]) out.push_back(std::move(slots[static_cast<std::size_t>(s)]));
+    return out;
+  }
+  std::vector<std::int32_t> sources;
+  for (std::int32_t s = kept; s < len; ++s)
+    if (!gone[static_cast<std::size_t>(s)]) sources.push_back(s);
+  std::size_t next = 0;
+  for (std::int32_t s = 0; s < kept; ++s) {
+    const std::int32_t from = gone[static_cast<std::size_t>(s)] ? sources[next++] : s;
+    out.push_back(std::move(slots[static_cast<std::size_t>(from)]));
+  }
+  return out;
+}
+
+// Slot t of one head (the model's `slots`) against the library's state at
+// flat index i: no position twice (`seen` collects them), ascending
+// positions when `ordered`, and the state's position, observed steps and
+// score (to the bit when `exact`, else within the model's bounds).
+template <class Policy>
+void check_slot(const model_rules<Policy>& rules, const sh::eviction_state<sh::memory_space::host>& st, std::int64_t i,
+                const std::vector<model_token>& slots, std::int32_t t, bool ordered, bool exact,
+                std::set<std::int32_t>& seen, const std::string& where, std::vector<std::string>& errors) {
+  const model_token& tok = slots[static_cast<std::size_t>(t)];
+  if (!seen.insert(tok.position).second) errors.push_back(where + "a position is held twice");
+  if (ordered && t > 0 && slots[static_cast<std::size_t>(t) - 1].position >= tok.position)
+    errors.push_back(where + "slots out of position order");
+  if (st.positions[i] != tok.position)
+    errors.push_back(where + "state.positions at slot " + std::to_string(t) + " is " + std::to_string(st.positions[i]) +
+                     ", the cache holds " + std::to_string(tok.position));
+  if (std::memcmp(&st.observed[i], &tok.observed, sizeof(float)) != 0)
+    errors.push_back(where + "state.observed differs from the model");
+  if (exact) {
+    if (std::memcmp(&st.scores[i], &tok.score, sizeof(float)) != 0)
+      errors.push_back(where + "state.scores " + std::to_string(st.scores[i]) + " differs from the model's " +
+                       std::to_string(tok.score) + " at position " + std::to_string(tok.position));
+    return;
+  }
+  const auto [lo, hi] = rules.bounds(tok);
+  const double tol = rules.tolerance(hi);
+  if (st.scores[i] < lo - tol || st.scores[i] > hi + tol)
+    errors.push_back(where + "state.scores " + std::to_string(st.scores[i]) + " outside [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
+}
 
 }  // namespace engine_test

@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <set>
@@ -70,7 +71,6 @@ constexpr auto host = sh::memory_space::host;
 using view_t = sh::host_paged_kv_view<float>;
 using state_t = sh::eviction_state<host>;
 using model_t = sh::model_state<host>;
-using snapshot_t = std::vector<std::vector<unsigned char>>;
 
 constexpr std::int32_t state_rows = 6;   // requests the state holds at once
 constexpr std::int32_t max_active = 5;   // requests in flight
@@ -149,11 +149,6 @@ struct request {
 
 enum class flow { compact, forget, per_layer };
 
-template <class T>
-void push_bytes(snapshot_t& s, const std::vector<T>& v) {
-  s.push_back(bytes_of(v.data(), v.size()));
-}
-
 // ===========================================================================
 // The engines' own structures. Each computes row addresses and slot ids with
 // its own maths (never the library's view) and checks its own bookkeeping.
@@ -185,11 +180,7 @@ struct vllm_storage {
         max_blocks(ceil_div(max_context, c.page_size)),
         num_blocks(max_active * ceil_div(capacity, c.page_size) + 3) {
     half = std::int64_t{num_blocks} * bs * H * D;
-    for (std::int32_t l = 0; l < L; ++l) {
-      auto& t = kv.emplace_back(static_cast<std::size_t>(2 * half));
-      for (std::size_t i = 0; i < t.size(); ++i)
-        t[i] = 1000.0f + static_cast<float>(hash_of({3, l, static_cast<std::int64_t>(i)}) >> 48);
-    }
+    for (std::int32_t l = 0; l < L; ++l) kv.push_back(background(static_cast<std::size_t>(2 * half), 1000.0f, 3, l));
     block_table.assign(static_cast<std::size_t>(state_rows * max_blocks), 0);  // vLLM pads with 0
     seq_lens.assign(state_rows, 0);
     req_ids.assign(state_rows, -1);
@@ -410,9 +401,7 @@ struct vllm_storage {
         errors.push_back("vLLM: block " + std::to_string(b) + " is in two rows but in no live shared prefix");
   }
   void snapshot_into(snapshot_t& s) const {
-    for (const auto& t : kv) push_bytes(s, t);
-    for (const auto* v : {&block_table, &seq_lens, &req_ids, &ref_count, &indptr, &indices, &last_page_len})
-      push_bytes(s, *v);
+    push_bytes(s, kv, block_table, seq_lens, req_ids, ref_count, indptr, indices, last_page_len);
     push_bytes(s, std::vector<std::int32_t>(free_blocks.begin(), free_blocks.end()));
   }
   std::vector<std::int32_t>& csr_indices() { return indices; }
@@ -441,12 +430,8 @@ struct sglang_storage {
       : L(c.layers), H(c.kv_heads), D(c.head_dim), pool(max_active * capacity + 7) {
     const std::size_t elems = static_cast<std::size_t>(pool + 1) * static_cast<std::size_t>(H * D);
     for (std::int32_t l = 0; l < L; ++l) {
-      auto& k = k_buffer.emplace_back(elems);
-      auto& v = v_buffer.emplace_back(elems);
-      for (std::size_t i = 0; i < elems; ++i) {
-        k[i] = 2000.0f + static_cast<float>(hash_of({4, l, static_cast<std::int64_t>(i)}) >> 48);
-        v[i] = 3000.0f + static_cast<float>(hash_of({5, l, static_cast<std::int64_t>(i)}) >> 48);
-      }
+      k_buffer.push_back(background(elems, 2000.0f, 4, l));
+      v_buffer.push_back(background(elems, 3000.0f, 5, l));
     }
     std::vector<std::int32_t> ids;
     for (std::int32_t s = 1; s <= pool; ++s) ids.push_back(s);
@@ -491,10 +476,7 @@ struct sglang_storage {
     q.handle = -1;
   }
   std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
-    std::vector<std::int32_t> order;
-    for (std::size_t i = 0; i < active.size(); ++i) order.push_back(static_cast<std::int32_t>(i));
-    r.shuffle(order);
-    return order;
+    return shuffled_order(active.size(), r);
   }
   void allocate(request& q, std::int32_t, std::int32_t count) {  // out_cache_loc
     auto& len = req_len[static_cast<std::size_t>(q.handle)];
@@ -629,15 +611,10 @@ struct sglang_storage {
     }
   }
   void snapshot_into(snapshot_t& s) const {
-    for (const auto& t : k_buffer) push_bytes(s, t);
-    for (const auto& t : v_buffer) push_bytes(s, t);
-    for (const auto* v : {&req_to_token, &req_len, &indptr, &indices, &last_page_len}) push_bytes(s, *v);
+    push_bytes(s, k_buffer, v_buffer, req_to_token, req_len, indptr, indices, last_page_len);
     push_bytes(s, std::vector<std::int32_t>(free_slots.begin(), free_slots.end()));
   }
-  void kv_into(snapshot_t& s) const {
-    for (const auto& t : k_buffer) push_bytes(s, t);
-    for (const auto& t : v_buffer) push_bytes(s, t);
-  }
+  void kv_into(snapshot_t& s) const { push_bytes(s, k_buffer, v_buffer); }
 };
 
 // llama.cpp: one set of cells for every layer and head (position + the set
@@ -663,12 +640,8 @@ struct llama_storage {
     cells.resize(static_cast<std::size_t>(n_cells));
     const std::size_t elems = static_cast<std::size_t>(n_cells) * static_cast<std::size_t>(H * D);
     for (std::int32_t l = 0; l < L; ++l) {
-      auto& k = k_l.emplace_back(elems);
-      auto& v = v_l.emplace_back(elems);
-      for (std::size_t i = 0; i < elems; ++i) {
-        k[i] = 4000.0f + static_cast<float>(hash_of({6, l, static_cast<std::int64_t>(i)}) >> 48);
-        v[i] = 5000.0f + static_cast<float>(hash_of({8, l, static_cast<std::int64_t>(i)}) >> 48);
-      }
+      k_l.push_back(background(elems, 4000.0f, 6, l));
+      v_l.push_back(background(elems, 5000.0f, 8, l));
     }
     for (std::int32_t s = 0; s < 16; ++s) free_seq_ids.push_back(s);
     r.shuffle(free_seq_ids);
@@ -713,10 +686,7 @@ struct llama_storage {
     q.handle = -1;
   }
   std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
-    std::vector<std::int32_t> order;
-    for (std::size_t i = 0; i < active.size(); ++i) order.push_back(static_cast<std::int32_t>(i));
-    r.shuffle(order);
-    return order;
+    return shuffled_order(active.size(), r);
   }
   // find_slot: the first empty cells from `head` on, wrapping around.
   void allocate(request& q, std::int32_t offset, std::int32_t count) {
@@ -839,13 +809,9 @@ struct llama_storage {
   }
   void snapshot_into(snapshot_t& s) const {
     kv_into(s);
-    push_bytes(s, cells);
-    for (const auto* v : {&indptr, &indices, &last_page_len}) push_bytes(s, *v);
+    push_bytes(s, cells, indptr, indices, last_page_len);
   }
-  void kv_into(snapshot_t& s) const {
-    for (const auto& t : k_l) push_bytes(s, t);
-    for (const auto& t : v_l) push_bytes(s, t);
-  }
+  void kv_into(snapshot_t& s) const { push_bytes(s, k_l, v_l); }
 };
 
 // FlashInfer with a page table per layer: each layer has its own pages,
@@ -874,11 +840,8 @@ struct flashinfer_storage {
         page_elems(std::int64_t{c.page_size} * c.kv_heads * c.head_dim),
         shuffle_rng(r.next()) {
     for (std::int32_t l = 0; l < L; ++l) {
-      for (auto* pool : {&k, &v}) {
-        auto& t = pool->emplace_back(static_cast<std::size_t>(num_pages * page_elems));
-        for (std::size_t i = 0; i < t.size(); ++i)
-          t[i] = 6000.0f + static_cast<float>(hash_of({pool == &k ? 9 : 10, l, static_cast<std::int64_t>(i)}) >> 48);
-      }
+      k.push_back(background(static_cast<std::size_t>(num_pages * page_elems), 6000.0f, 9, l));
+      v.push_back(background(static_cast<std::size_t>(num_pages * page_elems), 6000.0f, 10, l));
       auto& f = free_pages.emplace_back();
       for (std::int32_t p = 0; p < num_pages; ++p) f.push_back(p);
       r.shuffle(f);
@@ -902,10 +865,7 @@ struct flashinfer_storage {
     q.pages.clear();
   }
   std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
-    std::vector<std::int32_t> order;
-    for (std::size_t i = 0; i < active.size(); ++i) order.push_back(static_cast<std::int32_t>(i));
-    r.shuffle(order);
-    return order;
+    return shuffled_order(active.size(), r);
   }
   void allocate(request& q, std::int32_t offset, std::int32_t count) {
     for (std::int32_t l = 0; l < L; ++l) {
@@ -1014,12 +974,7 @@ struct flashinfer_storage {
         errors.push_back("FlashInfer layer " + std::to_string(l) + ": pages not conserved");
     }
   }
-  void snapshot_into(snapshot_t& s) const {
-    for (const auto& t : k) push_bytes(s, t);
-    for (const auto& t : v) push_bytes(s, t);
-    for (const auto* group : {&free_pages, &indptr, &indices, &last_page_len})
-      for (const auto& t : *group) push_bytes(s, t);
-  }
+  void snapshot_into(snapshot_t& s) const { push_bytes(s, k, v, free_pages, indptr, indices, last_page_len); }
 };
 
 }  // namespace
@@ -1156,11 +1111,7 @@ class token_driver {
   void join() {
     request q;
     q.id = next_id_++;
-    const std::size_t pick = rng_.next() % free_rows_.size();
-    q.row = free_rows_[pick];
-    free_rows_.erase(free_rows_.begin() + static_cast<std::ptrdiff_t>(pick));
-    if (std::find(used_rows_.begin(), used_rows_.end(), q.row) != used_rows_.end()) ++stats_.reused_rows;
-    used_rows_.push_back(q.row);
+    q.row = take_row(rng_, free_rows_, used_rows_, stats_.reused_rows);
     q.length.assign(static_cast<std::size_t>(L_), 0);
     q.heads.resize(static_cast<std::size_t>(L_ * H_));
     q.prompt_left = rng_.uniform(1, 40);
@@ -1652,11 +1603,8 @@ class token_driver {
   snapshot_t snapshot() const {
     snapshot_t s;
     s.push_back(bytes_of(model_buffer_->data(), model_buffer_->size()));
-    for (const auto* v : {&counts_, &sel_slots_, &cache_slots_, &new_lengths_, &freed_, &rows_, &qo_, &pinned_})
-      push_bytes(s, *v);
-    for (const auto& v : layer_new_lengths_) push_bytes(s, v);
-    for (const auto& v : layer_freed_) push_bytes(s, v);
-    push_bytes(s, probs_);
+    push_bytes(s, counts_, sel_slots_, cache_slots_, new_lengths_, freed_, rows_, qo_, pinned_, layer_new_lengths_,
+               layer_freed_, probs_);
     store_->snapshot_into(s);
     return s;
   }
@@ -1665,27 +1613,8 @@ class token_driver {
   // caller-owned byte (K/V, state, tables, outputs) as it was.
   template <class Call>
   void expect_refused(const char* label, const std::string& function, const std::string& argument, Call call) {
-    INFO("refused call: " << label);
-    const auto before = snapshot();
-    bool threw = false;
-    std::string what, fn, arg;
-    try {
-      call();
-    } catch (const sh::invalid_argument& e) {
-      threw = true;
-      what = e.what();
-      fn = e.function();
-      arg = e.argument();
-    }
-    CHECK(threw);
-    if (threw) {
-      INFO("what(): " << what);
-      CHECK(fn == function);
-      CHECK(arg == argument);
-      CHECK(what.rfind("scissorhands::" + function + ": argument '" + argument + "'", 0) == 0);
-    }
-    CHECK((snapshot() == before));
-    ++stats_.refused;
+    check_refused(
+        label, function, argument, call, [&] { return snapshot(); }, &stats_.refused);
   }
 
   void refused_select_calls() {
@@ -1701,59 +1630,40 @@ class token_driver {
       sh::host::select(policy_, v, model, budget, w, sel, pin);
     };
     const std::int32_t budget = cfg_.budget;
-    {
+    // A copy of the good selection, damaged by `damage`.
+    const auto refused = [&](const char* label, const std::string& argument, auto damage) {
       auto s = good;
-      s.stride = stride_ - 1;
-      expect_refused("select: stride below max_evictions", fn, "selection.stride",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
+      damage(s);
+      expect_refused(label, fn, argument, [&] { call(mm, budget, ws, s, pinned); });
+    };
+    using selection_t = sh::eviction_selection<host>;
+    const std::size_t slots = n * static_cast<std::size_t>(stride_);
+    refused("select: stride below max_evictions", "selection.stride", [&](selection_t& s) { s.stride = stride_ - 1; });
+    refused("select: counts one entry too many", "selection.counts", [&](selection_t& s) {
       s.counts = {counts_.data(), n + 1};
-      expect_refused("select: counts one entry too many", fn, "selection.counts",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
-      s.slots = {sel_slots_.data(), n * static_cast<std::size_t>(stride_) - 1};
-      expect_refused("select: slots one entry short", fn, "selection.slots", [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
-      s.cache_slots = {cache_slots_.data(), n * static_cast<std::size_t>(stride_) - 1};
-      expect_refused("select: cache_slots one entry short", fn, "selection.cache_slots",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
-      s.cache_slots = {sel_slots_.data(), n * static_cast<std::size_t>(stride_)};
-      expect_refused("select: cache_slots over slots", fn, "selection.cache_slots",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
+    });
+    refused("select: slots one entry short", "selection.slots", [&](selection_t& s) {
+      s.slots = {sel_slots_.data(), slots - 1};
+    });
+    refused("select: cache_slots one entry short", "selection.cache_slots", [&](selection_t& s) {
+      s.cache_slots = {cache_slots_.data(), slots - 1};
+    });
+    refused("select: cache_slots over slots", "selection.cache_slots", [&](selection_t& s) {
+      s.cache_slots = {sel_slots_.data(), slots};
+    });
+    refused("select: new_lengths over pinned_prefix", "selection.out.new_lengths", [&](selection_t& s) {
       s.out.new_lengths = {pinned_.data(), n};
-      expect_refused("select: new_lengths over pinned_prefix", fn, "selection.out.new_lengths",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      // select names its outputs selection.*, out.* included.
-      const std::string select_out = "selection.out.";
-      auto s = good;
+    });
+    // select names its outputs selection.*, out.* included.
+    refused("select: new_lengths one entry too many", "selection.out.new_lengths", [&](selection_t& s) {
       s.out.new_lengths = {new_lengths_.data(), n + 1};
-      expect_refused("select: new_lengths one entry too many", fn, select_out + "new_lengths",
-                     [&] { call(mm, budget, ws, s, pinned); });
-      s = good;
+    });
+    refused("select: freed_pages one entry too many", "selection.out.freed_pages", [&](selection_t& s) {
       s.out.freed_pages = {freed_.data(), n + 1};
-      expect_refused("select: freed_pages one entry too many", fn, select_out + "freed_pages",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
-    {
-      auto s = good;
+    });
+    refused("select: counts over the page table's indptr", "selection.counts", [&](selection_t& s) {
       s.counts = {const_cast<std::int32_t*>(v.indptr.data()), n};
-      expect_refused("select: counts over the page table's indptr", fn, "selection.counts",
-                     [&] { call(mm, budget, ws, s, pinned); });
-    }
+    });
     expect_refused("select: workspace one byte short", fn, "workspace", [&] {
       call(mm, budget, {ws.data(), ws.size() - 1}, good, pinned);
     });
@@ -1811,14 +1721,7 @@ class token_driver {
     });
   }
 
-  // A copy of the selection's slots / counts to damage.
-  sh::eviction_selection<host> altered(std::vector<std::int32_t>& slots, std::vector<std::int32_t>& counts) {
-    auto s = selection();
-    s.slots = {slots.data(), s.slots.size()};
-    s.counts = {counts.data(), s.counts.size()};
-    return s;
-  }
-
+  // Each call gets the selection with its slots / counts copied and damaged.
   template <class Apply>
   void refused_apply_calls(const std::string& fn, Apply apply) {
     const std::int32_t b = first_evicting();
@@ -1826,25 +1729,22 @@ class token_driver {
     const request& q = *b_of_[ub];
     const std::int32_t len = q.length[0] + q.n_new, count = counts_[ub];
     const std::size_t at = ub * static_cast<std::size_t>(stride_);
-    {
+    const auto refused = [&](const char* label, const std::string& argument, auto damage) {
       auto slots = sel_slots_;
       auto counts = counts_;
-      slots[at + static_cast<std::size_t>(count) - 1] = len - 1;  // the newest token: protected
-      expect_refused("a protected slot (the newest token)", fn, "selection.slots",
-                     [&] { apply(altered(slots, counts)); });
-    }
-    if (count >= 2) {
-      auto slots = sel_slots_;
-      auto counts = counts_;
-      std::swap(slots[at], slots[at + 1]);
-      expect_refused("slots not ascending", fn, "selection.slots", [&] { apply(altered(slots, counts)); });
-    }
-    {
-      auto slots = sel_slots_;
-      auto counts = counts_;
-      counts[ub] = len + 1;
-      expect_refused("a count above the length", fn, "selection.counts", [&] { apply(altered(slots, counts)); });
-    }
+      damage(slots, counts);
+      auto s = selection();
+      s.slots = {slots.data(), s.slots.size()};
+      s.counts = {counts.data(), s.counts.size()};
+      expect_refused(label, fn, argument, [&] { apply(s); });
+    };
+    using ints = std::vector<std::int32_t>;
+    refused("a protected slot (the newest token)", "selection.slots",
+            [&](ints& slots, ints&) { slots[at + static_cast<std::size_t>(count) - 1] = len - 1; });
+    if (count >= 2)
+      refused("slots not ascending", "selection.slots",
+              [&](ints& slots, ints&) { std::swap(slots[at], slots[at + 1]); });
+    refused("a count above the length", "selection.counts", [&](ints&, ints& counts) { counts[ub] = len + 1; });
   }
 
   void refused_compact_calls() {
@@ -1942,7 +1842,6 @@ class token_driver {
   }
 
   void check_all() {
-    std::vector<float> want(static_cast<std::size_t>(D_));
     const bool ordered =
         Storage::kind == flow::forget || cfg_.settings.compaction_mode == sh::compaction::preserve_order;
     for (const request& q : active_) {
@@ -1967,23 +1866,14 @@ class token_driver {
           std::set<std::int32_t> seen;
           for (std::int32_t t = 0; t < len; ++t) {
             const model_token& tok = slots[static_cast<std::size_t>(t)];
-            for (int kind = 0; kind < 2; ++kind) {
-              for (std::int32_t x = 0; x < D_; ++x)
-                want[static_cast<std::size_t>(x)] =
-                    token_value(kind, content_of(q, tok.position), l, h, tok.position, x);
-              const float* got = store_->row(kind, l, q, h, t);
-              if (std::memcmp(got, want.data(), want.size() * sizeof(float)) != 0) {
-                const float* vr = store_->row(1, l, q, h, t);
-                errors_.push_back(where.str() + "head " + std::to_string(h) + " slot " + std::to_string(t) +
-                                  (kind == 0 ? ": K" : ": V") + " row is not position " + std::to_string(tok.position) +
-                                  "'s (the V row names position " + std::to_string(vr[0]) + " of " +
-                                  std::to_string(vr[1]) + ")");
-                break;
-              }
-            }
-            if (!seen.insert(tok.position).second) errors_.push_back(where.str() + "a position is held twice");
-            if (ordered && t > 0 && slots[static_cast<std::size_t>(t) - 1].position >= tok.position)
-              errors_.push_back(where.str() + "slots out of position order");
+            check_kv_rows(
+                store_->row(0, l, q, h, t), store_->row(1, l, q, h, t), D_, tok.position,
+                [&](int kind, std::int32_t x) {
+                  return token_value(kind, content_of(q, tok.position), l, h, tok.position, x);
+                },
+                where.str() + "head " + std::to_string(h) + " slot " + std::to_string(t) + ": ", errors_);
+            check_slot(rules_, s, state_index(q.row, h, t), slots, t, ordered, /*exact=*/true, seen, where.str(),
+                       errors_);
             // One token per slot across the model (shared_layers) or the layer (shared_heads).
             if (shared_layers && tok.position != q.heads[0][static_cast<std::size_t>(t)].position)
               errors_.push_back(where.str() + "head " + std::to_string(h) +
@@ -1992,22 +1882,9 @@ class token_driver {
                 tok.position != q.heads[static_cast<std::size_t>(l * H_)][static_cast<std::size_t>(t)].position)
               errors_.push_back(where.str() + "head " + std::to_string(h) +
                                 " holds another token than head 0 at slot " + std::to_string(t));
-            const std::int64_t i = state_index(q.row, h, t);
-            if (s.positions[i] != tok.position)
-              errors_.push_back(where.str() + "state.positions at slot " + std::to_string(t) + " is " +
-                                std::to_string(s.positions[i]) + ", the cache holds " + std::to_string(tok.position));
-            if (std::memcmp(&s.observed[i], &tok.observed, sizeof(float)) != 0)
-              errors_.push_back(where.str() + "state.observed differs from the model");
-            if (std::memcmp(&s.scores[i], &tok.score, sizeof(float)) != 0)
-              errors_.push_back(where.str() + "state.scores " + std::to_string(s.scores[i]) +
-                                " differs from the model's " + std::to_string(tok.score) + " at position " +
-                                std::to_string(tok.position));
           }
           // Every protected and every pinned token ever admitted is still there.
-          for (std::int32_t p = std::max(q.start, q.next_position - cfg_.settings.recent); p < q.next_position; ++p)
-            if (!seen.count(p)) errors_.push_back(where.str() + "recent position " + std::to_string(p) + " is gone");
-          for (std::int32_t p = q.start; p < std::min(cfg_.settings.sinks, q.next_position); ++p)
-            if (!seen.count(p)) errors_.push_back(where.str() + "sink position " + std::to_string(p) + " is gone");
+          check_protected(seen, q.start, q.next_position, cfg_.settings, where.str(), errors_);
           if (q.prefix >= 0)
             for (std::int32_t p = 0; p < std::min(q.prefix_len, q.next_position); ++p)
               if (!seen.count(p))
@@ -2040,12 +1917,7 @@ class token_driver {
       evict_shared();
     finish_step();
     check_all();
-    if (!errors_.empty()) {
-      std::ostringstream all;
-      for (std::size_t i = 0; i < std::min<std::size_t>(errors_.size(), 12); ++i) all << errors_[i] << "\n";
-      FAIL_CHECK(errors_.size() << " problems after the step:\n" << all.str());
-      REQUIRE(errors_.empty());  // later steps would only repeat them
-    }
+    report_step_errors(errors_);
   }
 
   tl_config cfg_;
@@ -2073,22 +1945,24 @@ class token_driver {
   std::vector<std::string> errors_;
 };
 
-sh::settings make_settings(std::int32_t m, std::int32_t recent, std::int32_t sinks, std::int32_t window, bool normalize,
-                           sh::compaction mode) {
-  sh::settings s;
-  s.evict_count = m;
-  s.recent = recent;
-  s.sinks = sinks;
-  s.window = window;
-  s.normalize = normalize;
-  s.compaction_mode = mode;
-  return s;
-}
-
 template <class Policy, class Storage>
 void run_engine(const tl_config& c) {
   token_driver<Policy, Storage> d(c);
   d.run();
+}
+
+// One engine run: its name, the policy and engine (the run_engine that
+// drives them) and the config; each is a section of its test case.
+struct scenario {
+  const char* name;
+  void (*run)(const tl_config&);
+  tl_config config;
+};
+
+void run_scenarios(std::initializer_list<scenario> scenarios) {
+  for (const scenario& s : scenarios) DYNAMIC_SECTION(s.name) {
+      s.run(s.config);
+    }
 }
 
 template <class Policy, class G>
@@ -2096,112 +1970,105 @@ using at = sh::with_granularity<Policy, G>;
 using mean_mean = sh::shared_layers<sh::mean_score, sh::mean_score>;
 using max_max = sh::shared_layers<sh::max_score, sh::max_score>;
 using mean_max = sh::shared_layers<sh::mean_score, sh::max_score>;
+constexpr auto fill_holes = sh::compaction::fill_holes;
+constexpr auto preserve_order = sh::compaction::preserve_order;
 
 }  // namespace
 
+// One row a scenario: the rows are alike on purpose (data, not code).
 TEST_CASE("token level: vLLM padded block table, select + compact + shrink", "[engine][token_level][vllm]") {
-  tl_config c;
-  SECTION("scissorhands, block size 4, GQA 4, prefix blocks shared and pinned, fill_holes") {
-    c.q_heads = 8;
-    c.budget = 24;
-    c.page_size = 4;
-    c.prefix_len = 8;
-    c.settings = make_settings(1, 4, 0, 16, true, sh::compaction::fill_holes);
-    c.seed = 101;
-    run_engine<at<sh::scissorhands_policy, mean_mean>, vllm_storage>(c);
-  }
-  SECTION("h2o, block size 16, max over heads and layers, sinks, preserve_order") {
-    c.budget = 24;
-    c.chunk = 6;
-    c.page_size = 16;
-    c.settings = make_settings(3, 3, 2, 400, false, sh::compaction::preserve_order);
-    c.seed = 102;
-    run_engine<at<sh::h2o_policy, max_max>, vllm_storage>(c);
-  }
-  SECTION("tova, block size 2, 4 layers, mean over heads then max over layers, shared prefix") {
-    c.layers = 4;
-    c.budget = 16;
-    c.page_size = 2;
-    c.prefix_len = 4;
-    c.settings = make_settings(2, 2, 0, 1, false, sh::compaction::fill_holes);
-    c.seed = 103;
-    run_engine<at<sh::tova_policy, mean_max>, vllm_storage>(c);
-  }
+  run_scenarios({
+      {"scissorhands, block size 4, GQA 4, prefix blocks shared and pinned, fill_holes",
+       run_engine<at<sh::scissorhands_policy, mean_mean>, vllm_storage>,
+       {.q_heads = 8,
+        .budget = 24,
+        .page_size = 4,
+        .prefix_len = 8,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
+        .seed = 101}},
+      {"h2o, block size 16, max over heads and layers, sinks, preserve_order",
+       run_engine<at<sh::h2o_policy, max_max>, vllm_storage>,
+       {.budget = 24,
+        .chunk = 6,
+        .page_size = 16,
+        .settings = make_settings(3, 3, 2, 400, false, preserve_order),
+        .seed = 102}},
+      {"tova, block size 2, 4 layers, mean over heads then max over layers, shared prefix",
+       run_engine<at<sh::tova_policy, mean_max>, vllm_storage>,
+       {.layers = 4,
+        .budget = 16,
+        .page_size = 2,
+        .prefix_len = 4,
+        .settings = make_settings(2, 2, 0, 1, false, fill_holes),
+        .seed = 103}},
+  });
 }
 
 TEST_CASE("token level: SGLang token pool, select + free slots + forget", "[engine][token_level][sglang]") {
-  tl_config c;
-  SECTION("scissorhands, 3 KV heads, radix prefix of 6 tokens") {
-    c.kv_heads = 3;
-    c.q_heads = 6;
-    c.budget = 20;
-    c.prefix_len = 6;
-    c.settings = make_settings(1, 4, 0, 16, true, sh::compaction::fill_holes);
-    c.seed = 201;
-    run_engine<at<sh::scissorhands_policy, mean_mean>, sglang_storage>(c);
-  }
-  SECTION("h2o, m 2, a sink, mean over heads then max over layers, radix prefix of 5 tokens") {
-    c.budget = 18;
-    c.chunk = 6;
-    c.prefix_len = 5;
-    c.settings = make_settings(2, 3, 1, 400, false, sh::compaction::preserve_order);
-    c.seed = 202;
-    run_engine<at<sh::h2o_policy, mean_max>, sglang_storage>(c);
-  }
+  run_scenarios({
+      {"scissorhands, 3 KV heads, radix prefix of 6 tokens",
+       run_engine<at<sh::scissorhands_policy, mean_mean>, sglang_storage>,
+       {.kv_heads = 3,
+        .q_heads = 6,
+        .budget = 20,
+        .prefix_len = 6,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
+        .seed = 201}},
+      {"h2o, m 2, a sink, mean over heads then max over layers, radix prefix of 5 tokens",
+       run_engine<at<sh::h2o_policy, mean_max>, sglang_storage>,
+       {.budget = 18,
+        .chunk = 6,
+        .prefix_len = 5,
+        .settings = make_settings(2, 3, 1, 400, false, preserve_order),
+        .seed = 202}},
+  });
 }
 
 TEST_CASE("token level: llama.cpp cells, select + clear cells + forget", "[engine][token_level][llama]") {
-  tl_config c;
-  SECTION("important-step count, MHA, prefix cells shared by seq_cp") {
-    c.q_heads = 2;
-    c.budget = 18;
-    c.prefix_len = 4;
-    c.settings = make_settings(1, 3, 0, 12, false, sh::compaction::fill_holes);
-    c.seed = 301;
-    run_engine<at<sh::important_count_policy, mean_mean>, llama_storage>(c);
-  }
-  SECTION("streaming with sinks (every score ties: the older token goes)") {
-    c.budget = 16;
-    c.settings = make_settings(2, 5, 3, 400, false, sh::compaction::fill_holes);
-    c.seed = 302;
-    run_engine<at<sh::streaming_policy, mean_mean>, llama_storage>(c);
-  }
-  SECTION("the paper's Scissorhands (w 400), max over heads and layers") {
-    c.budget = 20;
-    c.settings = make_settings(1, 4, 0, 400, false, sh::compaction::fill_holes);
-    c.seed = 303;
-    run_engine<at<sh::scissorhands_paper_policy, max_max>, llama_storage>(c);
-  }
+  run_scenarios({
+      {"important-step count, MHA, prefix cells shared by seq_cp",
+       run_engine<at<sh::important_count_policy, mean_mean>, llama_storage>,
+       {.q_heads = 2,
+        .budget = 18,
+        .prefix_len = 4,
+        .settings = make_settings(1, 3, 0, 12, false, fill_holes),
+        .seed = 301}},
+      {"streaming with sinks (every score ties: the older token goes)",
+       run_engine<at<sh::streaming_policy, mean_mean>, llama_storage>,
+       {.budget = 16, .settings = make_settings(2, 5, 3, 400, false, fill_holes), .seed = 302}},
+      {"the paper's Scissorhands (w 400), max over heads and layers",
+       run_engine<at<sh::scissorhands_paper_policy, max_max>, llama_storage>,
+       {.budget = 20, .settings = make_settings(1, 4, 0, 400, false, fill_holes), .seed = 303}},
+  });
 }
 
+// Per-layer budgets ramp up: layer l keeps budget + l * layer_budget_step.
 TEST_CASE("token level: FlashInfer per-layer tables, compress per layer (comparison)",
           "[engine][token_level][flashinfer]") {
-  tl_config c;
-  c.layer_budget_step = 3;  // later layers keep more (a ramp)
-  SECTION("per_head, scissorhands, page size 4, NHD") {
-    c.budget = 16;
-    c.page_size = 4;
-    c.settings = make_settings(1, 4, 0, 16, true, sh::compaction::fill_holes);
-    c.seed = 401;
-    run_engine<sh::scissorhands_policy, flashinfer_storage>(c);
-  }
-  SECTION("shared_heads (mean), h2o, page size 1, preserve_order") {
-    c.budget = 14;
-    c.page_size = 1;
-    c.layer_budget_step = 4;
-    c.settings = make_settings(2, 3, 1, 400, false, sh::compaction::preserve_order);
-    c.seed = 402;
-    run_engine<at<sh::h2o_policy, sh::shared_heads<>>, flashinfer_storage>(c);
-  }
-  SECTION("shared_heads (max), scissorhands, page size 16, HND") {
-    c.budget = 20;
-    c.page_size = 16;
-    c.hnd = true;
-    c.kv_heads = 4;
-    c.q_heads = 8;
-    c.layer_budget_step = 2;
-    c.settings = make_settings(1, 4, 0, 16, true, sh::compaction::fill_holes);
-    c.seed = 403;
-    run_engine<at<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>, flashinfer_storage>(c);
-  }
+  run_scenarios({
+      {"per_head, scissorhands, page size 4, NHD",
+       run_engine<sh::scissorhands_policy, flashinfer_storage>,
+       {.budget = 16,
+        .layer_budget_step = 3,
+        .page_size = 4,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
+        .seed = 401}},
+      {"shared_heads (mean), h2o, page size 1, preserve_order",
+       run_engine<at<sh::h2o_policy, sh::shared_heads<>>, flashinfer_storage>,
+       {.budget = 14,
+        .layer_budget_step = 4,
+        .page_size = 1,
+        .settings = make_settings(2, 3, 1, 400, false, preserve_order),
+        .seed = 402}},
+      {"shared_heads (max), scissorhands, page size 16, HND",
+       run_engine<at<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>, flashinfer_storage>,
+       {.kv_heads = 4,
+        .q_heads = 8,
+        .budget = 20,
+        .layer_budget_step = 2,
+        .page_size = 16,
+        .hnd = true,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
+        .seed = 403}},
+  });
 }

@@ -151,31 +151,4 @@ struct token_reference {
   }
 };
 
-// The slot order after the victims leave: `stable` keeps the survivors in
-// order (compaction::preserve_order, and forget always); otherwise
-// fill_holes: the holes below the kept length take the survivors above it,
-// both in ascending slot order.
-template <class T>
-std::vector<T> after_eviction(std::vector<T> slots, const std::vector<char>& gone, bool stable) {
-  const auto len = static_cast<std::int32_t>(slots.size());
-  std::int32_t evicted = 0;
-  for (char g : gone) evicted += g != 0;
-  const std::int32_t kept = len - evicted;
-  std::vector<T> out;
-  if (stable) {
-    for (std::int32_t s = 0; s < len; ++s)
-      if (!gone[static_cast<std::size_t>(s)]) out.push_back(std::move(slots[static_cast<std::size_t>(s)]));
-    return out;
-  }
-  std::vector<std::int32_t> sources;
-  for (std::int32_t s = kept; s < len; ++s)
-    if (!gone[static_cast<std::size_t>(s)]) sources.push_back(s);
-  std::size_t next = 0;
-  for (std::int32_t s = 0; s < kept; ++s) {
-    const std::int32_t from = gone[static_cast<std::size_t>(s)] ? sources[next++] : s;
-    out.push_back(std::move(slots[static_cast<std::size_t>(from)]));
-  }
-  return out;
-}
-
 }  // namespace engine_test

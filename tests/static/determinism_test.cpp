@@ -22,18 +22,20 @@
 
 #include <scissorhands/scissorhands.hpp>
 
+#include "../host/support.hpp"
+
 namespace {
 
 namespace sh = scissorhands;
 constexpr auto host = sh::memory_space::host;
 
+// splitmix64: mix64 adds the step itself, so the state advances after.
 struct generator {
   std::uint64_t state;
   std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    const std::uint64_t z = sh_test::mix64(state);
+    state += 0x9E3779B97F4A7C15ull;
+    return z;
   }
   float uniform() { return static_cast<float>(next() >> 40) / 16777216.0f; }
 };
@@ -241,14 +243,7 @@ void check_deterministic(const sh::settings& s) {
 }
 
 sh::settings settings_for(std::int32_t m, sh::compaction mode, bool normalize) {
-  sh::settings s;
-  s.window = 16;
-  s.recent = 3;
-  s.sinks = 1;
-  s.evict_count = m;
-  s.compaction_mode = mode;
-  s.normalize = normalize;
-  return s;
+  return {.window = 16, .recent = 3, .sinks = 1, .evict_count = m, .normalize = normalize, .compaction_mode = mode};
 }
 
 }  // namespace
