@@ -2,10 +2,9 @@
 // exceptions, it instantiates the bridge (SCISSORHANDS_BRIDGE_DEFINE) and
 // implements the reference hooks of scenario.h by calling scissorhands::host
 // directly, building the views with the library's own factories.
-#include <cstdio>
-
 #include <scissorhands/bridge/bridge_impl.hpp>
 
+#include "report.hpp"
 #include "scenario.h"
 
 SCISSORHANDS_BRIDGE_DEFINE(cxx17_test::sh_f32, float, scissorhands::scissorhands_policy);
@@ -17,15 +16,11 @@ namespace cxx17_test {
 namespace {
 
 namespace sh = scissorhands;
+using cxx17_reference::report;
 
 sh::scissorhands_policy reference_policy() {
   sh::scissorhands_policy p;
-  p.config.window = window;
-  p.config.recent = recent;
-  p.config.sinks = sinks;
-  p.config.evict_count = evict_count;
-  p.config.alpha = alpha;
-  p.config.normalize = normalize;
+  set_test_numbers(p.config);
   return p;
 }
 
@@ -46,17 +41,6 @@ sh::eviction_state<sh::memory_space::host> reference_state(const layer_memory& l
   return sh::make_state(sh::host_span<std::byte>(static_cast<std::byte*>(layer.state), layer.state_bytes),
                         reference_shape())
       .for_batch(sh::host_span<const std::int32_t>(state_rows, batch));
-}
-
-template <class F>
-bool report(const char* what, F&& call) noexcept {
-  try {
-    call();
-    return true;
-  } catch (const std::exception& e) {
-    std::printf("reference %s threw: %s\n", what, e.what());
-    return false;
-  }
 }
 
 }  // namespace

@@ -7,46 +7,24 @@
 // must come back as an error naming the argument, with the caller's buffers
 // byte-identical. Plain main: prints "N passed, M failed", exits non-zero on
 // any failure.
-#if __cplusplus != 201703L
-#error "engine_test.cpp must compile as C++17: CXX_STANDARD 17 did not apply (a C++20 usage requirement leaked in?)"
-#endif
-#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
-#error "engine_test.cpp must compile with -fno-exceptions"
-#endif
-#if defined(__GNUC__) && !defined(__STRICT_ANSI__)
-#error "engine_test.cpp must compile with -std=c++17, not the compiler's gnu++ default (CXX_EXTENSIONS OFF)"
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include <scissorhands/bridge/bridge.h>
 
+#include "check.h"
 #include "scenario.h"
 
 namespace br = scissorhands::bridge;
 namespace api = cxx17_test::sh_f32;
 using namespace cxx17_test;
+using namespace cxx17_check;
 
 namespace {
-
-int passed = 0, failed = 0;
-
-void check(bool ok, const char* what, const char* detail = "") {
-  if (ok) {
-    ++passed;
-  } else {
-    ++failed;
-    std::printf("FAILED: %s %s\n", what, detail);
-  }
-}
-
-void check_ok(const br::error& e, const char* what) { check(e.ok(), what, e.message); }
 
 // Deterministic values in [-1, 1).
 struct rng {
@@ -57,21 +35,6 @@ struct rng {
     s ^= s << 17;
     return static_cast<float>(s >> 40) / 8388608.0f - 1.0f;
   }
-};
-
-// 256-byte aligned, zeroed memory for a state buffer.
-struct aligned_bytes {
-  void* data = nullptr;
-  std::size_t size = 0;
-  explicit aligned_bytes(std::size_t n) : size(n) {
-    const std::size_t rounded = (n + 255) / 256 * 256;
-    data = std::aligned_alloc(256, rounded);
-    if (data == nullptr) std::abort();
-    std::memset(data, 0, rounded);
-  }
-  ~aligned_bytes() { std::free(data); }
-  aligned_bytes(const aligned_bytes&) = delete;
-  aligned_bytes& operator=(const aligned_bytes&) = delete;
 };
 
 // One engine layer: page pool, FlashInfer page table, free list, the
@@ -88,7 +51,7 @@ struct layer {
   std::vector<std::int32_t> new_lengths = std::vector<std::int32_t>(batch, -7);
   std::vector<std::int32_t> freed_pages = std::vector<std::int32_t>(batch, -7);
 
-  explicit layer(std::size_t state_bytes) : state(state_bytes) {
+  explicit layer(std::size_t state_bytes) : state(state_bytes, 0) {
     for (std::int32_t p = num_pages - 1; p >= 0; --p) free_pages.push_back(p);
   }
   std::int32_t length(std::int32_t b) const {
@@ -101,23 +64,23 @@ struct layer {
     return pool.data() + page * l.page_stride + h * l.head_stride + (t % page_size) * l.token_stride;
   }
   br::paged_cache<float> cache() {
-    br::paged_cache<float> c;
-    c.k_pages = k.data();
-    c.k_size = k.size();
-    c.v_pages = v.data();
-    c.v_size = v.size();
-    c.k_layout = c.v_layout = br::paged_layout::nhd(page_size, kv_heads, head_dim);
-    c.indptr = indptr.data();
-    c.indices = indices.data();
-    c.indices_size = indices.size();
-    c.last_page_len = last_page_len.data();
-    c.batch = batch;
-    c.kv_heads = kv_heads;
-    c.head_dim = head_dim;
-    c.page_size = page_size;
-    c.num_pages = num_pages;
-    c.max_pages_per_sequence = max_pages_per_sequence;
-    return c;
+    const auto l = br::paged_layout::nhd(page_size, kv_heads, head_dim);
+    return {k.data(),
+            k.size(),
+            v.data(),
+            v.size(),
+            l,
+            l,
+            indptr.data(),
+            indices.data(),
+            indices.size(),
+            last_page_len.data(),
+            batch,
+            kv_heads,
+            head_dim,
+            page_size,
+            num_pages,
+            max_pages_per_sequence};
   }
   br::page_table table() {
     return {indptr.data(), indices.data(), indices.size(), last_page_len.data(), batch, page_size};
@@ -132,6 +95,13 @@ struct layer {
             state.size,
             workspace.data(),
             workspace.size() * sizeof(std::uint64_t)};
+  }
+  // Everything a call could write, to prove a refused call wrote nothing.
+  std::vector<unsigned char> bytes() const {
+    std::vector<unsigned char> out = state.bytes();
+    for (const auto* floats : {&k, &v}) append_bytes(out, *floats);
+    for (const auto* ints : {&indptr, &indices, &last_page_len, &new_lengths, &freed_pages}) append_bytes(out, *ints);
+    return out;
   }
   // Appends counts[b] tokens to sequence b, taking pages from the free list;
   // `values` holds, per new token in order, K then V rows of every head.
@@ -172,42 +142,15 @@ struct layer {
 br::settings test_settings() {
   br::settings s;
   check_ok(api::default_settings(&s), "default_settings");  // the preset's, then the test's numbers
-  s.window = window;
-  s.recent = recent;
-  s.sinks = sinks;
-  s.evict_count = evict_count;
-  s.alpha = alpha;
-  s.normalize = normalize;
+  set_test_numbers(s);
   return s;
 }
-
-// Everything a call could write, to prove a refused call wrote nothing.
-struct snapshot {
-  std::vector<float> k, v;
-  std::vector<std::int32_t> indptr, indices, last_page_len, new_lengths, freed_pages;
-  std::vector<unsigned char> state;
-  explicit snapshot(const layer& l)
-      : k(l.k),
-        v(l.v),
-        indptr(l.indptr),
-        indices(l.indices),
-        last_page_len(l.last_page_len),
-        new_lengths(l.new_lengths),
-        freed_pages(l.freed_pages),
-        state(static_cast<const unsigned char*>(l.state.data),
-              static_cast<const unsigned char*>(l.state.data) + l.state.size) {}
-  bool same(const layer& l) const {
-    return k == l.k && v == l.v && indptr == l.indptr && indices == l.indices && last_page_len == l.last_page_len &&
-           new_lengths == l.new_lengths && freed_pages == l.freed_pages &&
-           std::memcmp(state.data(), l.state.data, state.size()) == 0;
-  }
-};
 
 // A refused call: invalid_argument, the expected argument named in the
 // error and its message, and nothing of the layer written.
 template <class Call>
 void expect_refused(const char* name, const char* argument, const layer& l, Call&& call) {
-  const snapshot before(l);
+  const std::vector<unsigned char> before = l.bytes();
   const br::error e = call();
   const bool named = e.code == br::error_code::invalid_argument && std::strcmp(e.argument, argument) == 0 &&
                      std::strstr(e.message, argument) != nullptr && e.function[0] != '\0';
@@ -215,7 +158,7 @@ void expect_refused(const char* name, const char* argument, const layer& l, Call
   if (!named)
     std::printf("  expected argument '%s', got code %d argument '%s'\n", argument, static_cast<int>(e.code),
                 e.argument);
-  check(before.same(l), name, "(caller's buffers changed)");
+  check(l.bytes() == before, name, "(caller's buffers changed)");
 }
 
 // Base-2 log-sum-exp of every query's scaled logits over the slots it sees,
@@ -499,17 +442,9 @@ void run_contiguous_h2o() {
   for (std::int32_t t = 0; t < capacity; ++t)
     for (std::int32_t x = 0; x < dim; ++x) k[t * dim + x] = v[t * dim + x] = static_cast<float>(t);
   std::vector<std::int32_t> lengths{5};
-  h2o::contiguous_cache cache;
-  cache.k = k.data();
-  cache.k_size = k.size();
-  cache.v = v.data();
-  cache.v_size = v.size();
-  cache.k_layout = cache.v_layout = br::kv_layout::nhd(capacity, 1, dim);
-  cache.lengths = lengths.data();
-  cache.batch = 1;
-  cache.kv_heads = 1;
-  cache.head_dim = dim;
-  cache.capacity = capacity;
+  const auto layout = br::kv_layout::nhd(capacity, 1, dim);
+  const h2o::contiguous_cache cache{k.data(),       k.size(), v.data(), v.size(), layout,  layout,
+                                    lengths.data(), 1,        1,        dim,      capacity};
   br::settings s;
   check_ok(h2o::default_settings(&s), "h2o default_settings");
   check(!s.normalize && s.recent == 10 && s.evict_count == 1, "h2o default_settings are h2o_policy's");
@@ -522,7 +457,7 @@ void run_contiguous_h2o() {
   check(shape.ring_words == 0, "h2o keeps no ring");
   std::size_t bytes = 0;
   check_ok(h2o::state_bytes(shape, &bytes), "h2o state_bytes");
-  aligned_bytes buffer(bytes);
+  aligned_bytes buffer(bytes, 0);
   br::state state;
   check_ok(h2o::make_state(buffer.data, buffer.size, shape, &state), "h2o make_state");
   check_ok(h2o::reset_state(state), "h2o reset_state");
@@ -553,6 +488,5 @@ int main() {
   run_error_value();
   run_paged_scenario();
   run_contiguous_h2o();
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }

@@ -35,6 +35,19 @@ inline constexpr bool normalize = true;
 inline constexpr std::int32_t budget = 10;
 inline constexpr std::int32_t max_step_tokens = 7;  // the largest prefill chunk
 
+// The numbers above on top of a preset's settings: for the bridge's settings
+// (engine_test.cpp) and the library's (bridge_tu.cpp), whose fields share names.
+// (tests/cuda/cases.cuh sets the same fields from its own cases: alike on purpose.)
+template <class Settings>
+void set_test_numbers(Settings& s) {
+  s.window = window;
+  s.recent = recent;
+  s.sinks = sinks;
+  s.evict_count = evict_count;
+  s.alpha = alpha;
+  s.normalize = normalize;
+}
+
 // One layer's engine-owned memory, as raw pointers.
 struct layer_memory {
   float* k_pages;

@@ -11,41 +11,24 @@
 // invalid_argument naming the argument, with the caller's buffers
 // byte-identical; and default_settings is the policy's own. Plain main:
 // prints "N passed, M failed".
-#if __cplusplus != 201703L
-#error "token_level_test.cpp must compile as C++17"
-#endif
-#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
-#error "token_level_test.cpp must compile with -fno-exceptions"
-#endif
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include <scissorhands/bridge/bridge.h>
 
+#include "../host/slot_list_engine.hpp"
+#include "check.h"
 #include "token_scenario.h"
 
 namespace br = scissorhands::bridge;
 namespace api = cxx17_tokens::api;
 using namespace cxx17_tokens;
+using namespace cxx17_check;
 
 namespace {
-
-int passed = 0, failed = 0;
-
-void check(bool ok, const char* what, const char* detail = "") {
-  if (ok) {
-    ++passed;
-  } else {
-    ++failed;
-    std::printf("FAILED: %s %s\n", what, detail);
-  }
-}
-void check_ok(const br::error& e, const char* what) { check(e.ok(), what, e.message); }
 
 std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
   std::uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ c;
@@ -53,23 +36,6 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-
-struct aligned_bytes {
-  void* data = nullptr;
-  std::size_t size = 0;
-  explicit aligned_bytes(std::size_t n) : size(n) {
-    data = std::aligned_alloc(256, (n + 255) / 256 * 256);
-    if (data == nullptr) std::abort();
-    std::memset(data, 0xA5, n);
-  }
-  ~aligned_bytes() { std::free(data); }
-  aligned_bytes(const aligned_bytes&) = delete;
-  aligned_bytes& operator=(const aligned_bytes&) = delete;
-  std::vector<unsigned char> bytes() const {
-    const auto* p = static_cast<const unsigned char*>(data);
-    return {p, p + size};
-  }
-};
 
 // The settings both sides use: the policy's defaults plus m and sinks.
 br::settings step_settings() {
@@ -194,6 +160,13 @@ struct engine {
     for (std::int32_t c = 0; c < cells; ++c) free_cells.push_back(c);
     for (std::size_t i = free_cells.size(); i > 1; --i) std::swap(free_cells[i - 1], free_cells[mix(7, i) % i]);
   }
+  // What a refused call could write: the selection buffers and the table.
+  std::vector<unsigned char> bytes() const {
+    std::vector<unsigned char> out;
+    for (const auto* v : {&counts, &slots, &cache_slots, &new_lengths, &freed_pages, &indices, &indptr})
+      append_bytes(out, *v);
+    return out;
+  }
   selection_memory selection() {
     return {stride, counts.data(), slots.data(), cache_slots.data(), new_lengths.data(), freed_pages.data()};
   }
@@ -218,8 +191,6 @@ struct engine {
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[mix(step, 4, i) % i]);
     if (order.size() > std::size_t{batch - 1}) order.resize(std::size_t{batch - 1});
     while (order.size() < std::size_t{batch}) order.push_back(-1);
-    std::int32_t used = 0;
-    columns = 1;
     for (std::int32_t b = 0; b < batch; ++b) {
       const std::int32_t r = order[b];
       state_rows[b] = r;
@@ -232,33 +203,18 @@ struct engine {
         }
       }
       qo[b + 1] = qo[b] + q;
-      const auto n = r >= 0 ? static_cast<std::int32_t>(cells_of[r].size()) : 0;
-      for (std::int32_t i = 0; i < n; ++i) indices[used + i] = cells_of[r][i];
-      used += n;
-      indptr[b + 1] = used;
-      last[b] = n > 0 ? 1 : 0;
-      columns = std::max(columns, n);
-      pinned[b] = std::min(n, static_cast<std::int32_t>(mix(step, 6, b) % 3));
     }
+    columns = sh_test::build_cell_table(cells_of, state_rows.data(), batch, indptr.data(), indices.data(), last.data());
+    for (std::int32_t b = 0; b < batch; ++b)
+      pinned[b] = std::min(indptr[b + 1] - indptr[b], static_cast<std::int32_t>(mix(step, 6, b) % 3));
   }
   // Layer l's probabilities: rows summing to 1 over the visible cells.
   void fill_probabilities(std::int32_t step, std::int32_t l) {
-    probs.assign(static_cast<std::size_t>(qo[batch]) * q_heads * columns, 0.0f);
-    for (std::int32_t b = 0; b < batch; ++b) {
-      const std::int32_t len = indptr[b + 1] - indptr[b], q_len = qo[b + 1] - qo[b];
-      for (std::int32_t qh = 0; qh < q_heads; ++qh)
-        for (std::int32_t j = 0; j < q_len; ++j) {
-          float* row = probs.data() + (static_cast<std::size_t>(qo[b] + j) * q_heads + qh) * columns;
-          const std::int32_t visible = len - q_len + j + 1;
-          float sum = 0.0f;
-          for (std::int32_t t = 0; t < visible; ++t) {
-            row[t] =
-                0.01f + static_cast<float>(mix(step, 100 + l, (qh * 64 + j) * 4096 + b * 512 + t) >> 40) * 0x1p-24f;
-            sum += row[t];
-          }
-          for (std::int32_t t = 0; t < visible; ++t) row[t] /= sum;
-        }
-    }
+    sh_test::fill_causal_probabilities(
+        probs, indptr.data(), qo.data(), batch, q_heads, columns,
+        [&](std::int32_t b, std::int32_t qh, std::int32_t j, std::int32_t t) {
+          return 0.01f + static_cast<float>(mix(step, 100 + l, (qh * 64 + j) * 4096 + b * 512 + t) >> 40) * 0x1p-24f;
+        });
   }
   // Frees the selected cells, keeping the others in order; checks that
   // cache_slots name the cells.
@@ -286,9 +242,9 @@ struct engine {
 
   template <class Side>
   std::vector<step_record> run(Side& side) {
-    aligned_bytes model(side.model_bytes());
+    aligned_bytes model(side.model_bytes(), 0xA5);
     check(side.reset(model.data, model.size), "reset");
-    aligned_bytes workspace(side.workspace_bytes());
+    aligned_bytes workspace(side.workspace_bytes(), 0xA5);
     std::vector<step_record> records;
     for (std::int32_t step = 0; step < steps; ++step) {
       // A refused call leaves the engine unshrunk: stop before the pool runs dry.
@@ -344,8 +300,8 @@ void compare_runs() {
 struct refusals {
   bridge_side side;
   engine e;
-  aligned_bytes model{side.model_bytes()};
-  aligned_bytes workspace{side.workspace_bytes()};
+  aligned_bytes model{side.model_bytes(), 0xA5};
+  aligned_bytes workspace{side.workspace_bytes(), 0xA5};
 
   refusals() {
     check(side.reset(model.data, model.size), "reset");
@@ -362,16 +318,12 @@ struct refusals {
   }
   template <class Call>
   void expect(const char* name, const char* argument, Call&& call) {
-    const std::vector<unsigned char> before = model.bytes();
-    const engine copy = e;
+    const std::vector<unsigned char> before = model.bytes(), engine_before = e.bytes();
     const br::error err = call();
     const bool named = err.code == br::error_code::invalid_argument && std::strcmp(err.argument, argument) == 0 &&
                        err.function[0] != '\0';
     check(named, name, err.message[0] != '\0' ? err.message : "(accepted)");
-    check(model.bytes() == before && copy.counts == e.counts && copy.slots == e.slots &&
-              copy.cache_slots == e.cache_slots && copy.new_lengths == e.new_lengths &&
-              copy.freed_pages == e.freed_pages && copy.indices == e.indices && copy.indptr == e.indptr,
-          name, "wrote something");
+    check(model.bytes() == before && e.bytes() == engine_before, name, "wrote something");
   }
   void run() {
     const step_memory m = memory();
@@ -485,7 +437,7 @@ struct refusals {
     expect("model_state_bytes: no layers", "layers", [&] { return api::model_state_bytes(shape, 0, &bytes); });
     expect("model_state_bytes: null out", "bytes", [&] { return api::model_state_bytes(shape, layers, nullptr); });
     br::model_state out;
-    aligned_bytes small(model.size - 256);
+    aligned_bytes small(model.size - 256, 0xA5);
     expect("make_model_state: buffer too small", "buffer",
            [&] { return api::make_model_state(small.data, small.size, shape, layers, &out); });
     check(out.buffer == nullptr && out.layer_bytes == 0, "make_model_state: refused, out untouched");
@@ -523,6 +475,5 @@ int main() {
   compare_runs();
   refusals r;
   r.run();
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }

@@ -1,10 +1,9 @@
 // The C++20 side of the token-level test: SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL
 // and the reference hooks of token_scenario.h, which call scissorhands::host
 // directly on a token_table_view built with the library's own factories.
-#include <cstdio>
-
 #include <scissorhands/bridge/bridge_impl.hpp>
 
+#include "report.hpp"
 #include "token_scenario.h"
 
 SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(
@@ -15,6 +14,7 @@ namespace cxx17_tokens {
 namespace {
 
 namespace sh = scissorhands;
+using cxx17_reference::report;
 constexpr auto host = sh::memory_space::host;
 using policy_type = sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<>>;
 
@@ -47,17 +47,6 @@ sh::eviction_selection<host> selection_of(const selection_memory& m) {
           {m.slots, all},
           {m.cache_slots, all},
           {{m.new_lengths, batch}, {m.freed_pages, batch}}};
-}
-
-template <class F>
-bool report(const char* what, F&& call) noexcept {
-  try {
-    call();
-    return true;
-  } catch (const std::exception& e) {
-    std::printf("reference %s threw: %s\n", what, e.what());
-    return false;
-  }
 }
 
 }  // namespace

@@ -65,16 +65,6 @@ Policy small_policy() {
   return p;
 }
 
-template <class Call>
-std::string refusal(Call&& call) {
-  try {
-    call();
-  } catch (const sh::invalid_argument& e) {
-    return e.argument();
-  }
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("ragged queries equal one uniform call per sequence, through state rows", "[batching]",
@@ -232,21 +222,21 @@ TEST_CASE("bad state rows and query tables are refused and change nothing", "[ba
 
   SECTION("a row used twice") {
     rows = {0, 2, -1, 2};
-    CHECK(refusal(observe) == "state.state_rows");
-    CHECK(refusal(compress) == "state.state_rows");
+    CHECK(refused_argument(observe) == "state.state_rows");
+    CHECK(refused_argument(compress) == "state.state_rows");
   }
   SECTION("a row out of range") {
     rows = {0, 5, -1, 2};
-    CHECK(refusal(observe) == "state.state_rows");
+    CHECK(refused_argument(observe) == "state.state_rows");
     rows = {0, -2, -1, 2};
-    CHECK(refusal(compress) == "state.state_rows");
+    CHECK(refused_argument(compress) == "state.state_rows");
   }
   SECTION("a padding slot (-1) holding tokens") {
     rows = {0, -1, 1, 2};
-    CHECK(refusal(observe) == "state.state_rows");
+    CHECK(refused_argument(observe) == "state.state_rows");
   }
   SECTION("state_rows of another size") {
-    CHECK(refusal([&] {
+    CHECK(refused_argument([&] {
             sh::host::admit(policy, cache.view(), st.for_batch({rows.data(), 3}));
           }) == "state.state_rows");
   }
@@ -255,34 +245,34 @@ TEST_CASE("bad state rows and query tables are refused and change nothing", "[ba
     aligned_bytes m2(sh::state_bytes(small));
     auto s2 = sh::make_state(m2.span(), small);
     sh::host::reset_state(s2);
-    CHECK(refusal([&] { sh::host::admit(policy, cache.view(), s2); }) == "state.shape.rows");
+    CHECK(refused_argument([&] { sh::host::admit(policy, cache.view(), s2); }) == "state.shape.rows");
   }
   SECTION("qo_indptr decreasing, too short, or giving more queries than tokens") {
     qo = {0, 2, 1, 1, 3};
-    CHECK(refusal(observe) == "qo_indptr");
+    CHECK(refused_argument(observe) == "qo_indptr");
     qo = {0, 1, 2, 2};
-    CHECK(refusal(observe) == "qo_indptr");
+    CHECK(refused_argument(observe) == "qo_indptr");
     qo = {0, 5, 6, 6, 7};  // 5 queries for 4 tokens
-    CHECK(refusal(observe) == "qo_indptr");
+    CHECK(refused_argument(observe) == "qo_indptr");
     qo = {-1, 0, 1, 1, 2};
-    CHECK(refusal(observe) == "qo_indptr");
+    CHECK(refused_argument(observe) == "qo_indptr");
   }
   SECTION("queries reaching past their buffer") {
     qo = {12, 13, 14, 14, 17};  // legal counts, but tokens 12..16 of a 16-token buffer
-    CHECK(refusal(observe) == "queries.data");
+    CHECK(refused_argument(observe) == "queries.data");
   }
   SECTION("null spans with a size (a caller's bug, not 'absent')") {
-    CHECK(refusal([&] {
+    CHECK(refused_argument([&] {
             sh::host::admit(policy, cache.view(), st.for_batch({nullptr, rows.size()}));
           }) == "state.state_rows");
-    CHECK(refusal([&] {
+    CHECK(refused_argument([&] {
             sh::host::observe_queries(policy, cache.view(), st.for_batch({rows.data(), rows.size()}),
                                       sh::query_view<float, host>::ragged({q.data(), q.size()}, {nullptr, 5}, QH, D));
           }) == "qo_indptr");
   }
   SECTION("ragged lse over another qo_indptr") {
     const std::vector<std::int32_t> other = qo;
-    CHECK(refusal([&] {
+    CHECK(refused_argument([&] {
             sh::host::observe_queries(
                 policy, cache.view(), st.for_batch({rows.data(), rows.size()}),
                 sh::query_view<float, host>::ragged({q.data(), q.size()}, {qo.data(), qo.size()}, QH, D),

@@ -16,17 +16,6 @@ using namespace sh_test;
 
 std::int64_t sum_of(const std::vector<std::int32_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); }
 
-// Runs f and returns the argument the library's error names ("" if no throw).
-template <class F>
-std::string refused_argument(F&& f) {
-  try {
-    f();
-  } catch (const sh::invalid_argument& e) {
-    return e.argument();
-  }
-  return "";
-}
-
 const std::vector<std::int64_t> totals{32, 33, 100, 4097, 65536, 1'000'003};
 const std::vector<std::int32_t> layer_counts{1, 2, 5, 32};
 

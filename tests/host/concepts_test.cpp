@@ -64,48 +64,53 @@ static_assert(sh::h2o_policy{}.ring_words() == 0);
 static_assert(sh::eviction_policy<sh::important_indicator, sh::exponential_decay>{}.ring_words() == 0);
 
 // ---- malformed policies --------------------------------------------------
-struct nameless_observation {
+// Most are a well-formed part (checked to be one) with one member changed,
+// so each refusal is about that member alone.
+// Squared attention mass: sharpens the distinction between heavy and light
+// tokens (also the user policy the runtime test below drives).
+struct squared_mass {
+  static constexpr const char* name = "squared_mass";
+  static constexpr bool needs_attention = true;
+  static constexpr bool binary = false;
+  static float contribution(float p, std::int32_t, const settings&) { return p * p; }
+};
+static_assert(sh::attention_observation<squared_mass>);
+struct nameless_observation {  // squared_mass's members but the name
   static constexpr bool needs_attention = true;
   static constexpr bool binary = false;
   static float contribution(float p, std::int32_t, const settings&) { return p; }
 };
-struct double_contribution {
-  static constexpr const char* name = "double";
-  static constexpr bool needs_attention = true;
-  static constexpr bool binary = false;
+struct double_contribution : squared_mass {
   static double contribution(float p, std::int32_t, const settings&) { return p; }
 };
-struct no_binary_flag {
+struct no_binary_flag {  // squared_mass's members but binary
   static constexpr const char* name = "no_binary";
   static constexpr bool needs_attention = true;
   static float contribution(float p, std::int32_t, const settings&) { return p; }
 };
-// Says it needs no attention but gives no static score.
-struct static_without_score {
-  static constexpr const char* name = "static_without_score";
+struct static_without_score : squared_mass {  // needs no attention, yet gives no static score
   static constexpr bool needs_attention = false;
-  static constexpr bool binary = false;
-  static float contribution(float p, std::int32_t, const settings&) { return p; }
 };
+// One static_assert a part (alike on purpose): a failing build names the part.
 static_assert(!sh::observation_policy<nameless_observation>);
 static_assert(!sh::observation_policy<double_contribution>);
 static_assert(!sh::observation_policy<no_binary_flag>);
 static_assert(!sh::observation_policy<static_without_score>);
 static_assert(!sh::observation_policy<sh::unbounded_history>);
 
-struct update_returns_int {
-  static constexpr const char* name = "update_returns_int";
+struct well_formed_history {
+  static constexpr const char* name = "well_formed_history";
   static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
-  static int update(float&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) { return 0; }
-};
-struct wide_ring_words {
-  static constexpr const char* name = "wide_ring_words";
-  static constexpr std::int64_t ring_words(const settings&, bool) { return 0; }
   static void update(float&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) {}
 };
-struct score_by_value {  // cannot write the score back
-  static constexpr const char* name = "score_by_value";
-  static constexpr std::int32_t ring_words(const settings&, bool) { return 0; }
+static_assert(sh::history_policy<well_formed_history>);
+struct update_returns_int : well_formed_history {
+  static int update(float&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) { return 0; }
+};
+struct wide_ring_words : well_formed_history {
+  static constexpr std::int64_t ring_words(const settings&, bool) { return 0; }
+};
+struct score_by_value : well_formed_history {  // cannot write the score back
   static void update(float&&, float&, sh::history_ring, std::int64_t, float, const settings&, bool) {}
 };
 static_assert(!sh::history_policy<update_returns_int>);
@@ -176,15 +181,7 @@ static_assert(sh::granularity_of<sh::scissorhands_policy> == sh::granularity_kin
 static_assert(sh::granularity_of<sh::with_granularity<sh::h2o_policy, sh::shared_heads<>>> ==
               sh::granularity_kind::shared_heads);
 
-// ---- a well-formed user policy -------------------------------------------
-// Squared attention mass: sharpens the distinction between heavy and light tokens.
-struct squared_mass {
-  static constexpr const char* name = "squared_mass";
-  static constexpr bool needs_attention = true;
-  static constexpr bool binary = false;
-  static float contribution(float p, std::int32_t, const settings&) { return p * p; }
-};
-static_assert(sh::attention_observation<squared_mass>);
+// ---- a well-formed user policy (squared_mass, above) ---------------------
 static_assert(sh::composed_policy<sh::eviction_policy<squared_mass, sh::unbounded_history>>);
 
 }  // namespace

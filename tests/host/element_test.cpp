@@ -1,34 +1,14 @@
 // A host engine storing bf16 (or fp16) K/V: the documented pattern is a
-// specialisation of scissorhands::element_traits for its own type. The
+// specialisation of scissorhands::element_traits for its own type
+// (support.hpp's engine_bf16). The
 // library reads such a cache exactly as an fp32 cache holding the same
 // values (scores bit-identical), and moves its rows as raw bytes.
 #include <catch2/catch.hpp>
 
-#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "support.hpp"
-
-namespace {
-
-// The engine's own bf16: the upper 16 bits of an fp32.
-struct engine_bf16 {
-  std::uint16_t bits;
-};
-
-engine_bf16 to_bf16(float x) {  // round to nearest even
-  const auto u = std::bit_cast<std::uint32_t>(x);
-  return {static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
-}
-
-}  // namespace
-
-template <>
-struct scissorhands::element_traits<engine_bf16> {
-  static float to_float(engine_bf16 x) { return std::bit_cast<float>(std::uint32_t{x.bits} << 16); }
-};
 
 TEST_CASE("a bf16 host cache scores like an fp32 cache of the same values", "[element]") {
   using namespace sh_test;

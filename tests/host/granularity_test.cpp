@@ -293,28 +293,9 @@ void drive(const Policy& policy, const scenario& sc, std::vector<Cache>& caches)
           std::erase_if(oracles[static_cast<std::size_t>(l)].tokens(b, h), [&](const auto& t) {
             return std::find(want.begin(), want.end(), t.position) != want.end();
           });
-      // The test's own compaction of its slot map.
-      auto& map = slot_pos[static_cast<std::size_t>(b)];
-      const auto& gone = evicted_slots[static_cast<std::size_t>(b)];
-      if (gone.empty()) continue;
-      const auto len = static_cast<std::int32_t>(map.size());
-      const std::int32_t kept = len - static_cast<std::int32_t>(gone.size());
-      std::vector<char> is_gone(map.size(), 0);
-      for (std::int32_t t : gone) is_gone[static_cast<std::size_t>(t)] = 1;
-      if (sc.apply != apply_mode::forget && sc.mode == sh::compaction::fill_holes) {
-        std::int32_t source = kept;
-        for (std::int32_t hole = 0; hole < kept; ++hole) {
-          if (!is_gone[static_cast<std::size_t>(hole)]) continue;
-          while (is_gone[static_cast<std::size_t>(source)]) ++source;
-          map[static_cast<std::size_t>(hole)] = map[static_cast<std::size_t>(source++)];
-        }
-        map.resize(static_cast<std::size_t>(kept));
-      } else {
-        std::vector<std::int32_t> next;
-        for (std::int32_t t = 0; t < len; ++t)
-          if (!is_gone[static_cast<std::size_t>(t)]) next.push_back(map[static_cast<std::size_t>(t)]);
-        map = next;
-      }
+      // The test's own compaction of its slot map (forget keeps the order).
+      compact_slot_map(slot_pos[static_cast<std::size_t>(b)], evicted_slots[static_cast<std::size_t>(b)],
+                       sc.apply == apply_mode::forget ? sh::compaction::preserve_order : sc.mode);
     }
 
     // Every layer and head holds exactly the test's map: K/V rows
@@ -390,12 +371,7 @@ using at = sh::with_granularity<Base, G>;
 TEST_CASE("shared_heads: compress evicts one set of slots per layer, as the oracle's combined score says",
           "[granularity]") {
   for (auto mode : {sh::compaction::fill_holes, sh::compaction::preserve_order}) {
-    scenario sc;
-    sc.layers = 1;
-    sc.kv_heads = 3;
-    sc.mode = mode;
-    sc.apply = apply_mode::compress_layer;
-    sc.chunk = 3;
+    scenario sc{.layers = 1, .kv_heads = 3, .chunk = 3, .mode = mode, .apply = apply_mode::compress_layer};
     run_contiguous<at<sh::scissorhands_policy, sh::shared_heads<>>>(sc);
     run_contiguous<at<mass_unbounded, sh::shared_heads<sh::max_score>>>(sc);
     run_contiguous<at<indicator_window, sh::shared_heads<>>>(sc);
@@ -408,12 +384,11 @@ TEST_CASE("shared_heads: compress evicts one set of slots per layer, as the orac
 TEST_CASE("shared_layers: select + compact over a contiguous cache matches the oracle", "[granularity]") {
   for (auto mode : {sh::compaction::fill_holes, sh::compaction::preserve_order})
     for (std::int32_t chunk : {1, 3}) {
-      scenario sc;
-      sc.layers = 3;
-      sc.mode = mode;
-      sc.chunk = chunk;
-      sc.pinned = 4;
-      sc.seed = static_cast<std::uint64_t>(chunk) * 7 + static_cast<std::uint64_t>(mode);
+      const scenario sc{.layers = 3,
+                        .chunk = chunk,
+                        .pinned = 4,
+                        .mode = mode,
+                        .seed = static_cast<std::uint64_t>(chunk) * 7 + static_cast<std::uint64_t>(mode)};
       run_contiguous<at<sh::scissorhands_policy, sh::shared_layers<>>>(sc);
       run_contiguous<at<sh::scissorhands_policy, sh::shared_layers<sh::max_score, sh::max_score>>>(sc);
       run_contiguous<at<mass_unbounded, sh::shared_layers<sh::max_score, sh::mean_score>>>(sc);
@@ -425,14 +400,13 @@ TEST_CASE("shared_layers: select + compact over a contiguous cache matches the o
 TEST_CASE("shared_layers: select + compact over a shared page table matches the oracle", "[granularity]") {
   for (auto mode : {sh::compaction::fill_holes, sh::compaction::preserve_order})
     for (std::int32_t page_size : {1, 4}) {
-      scenario sc;
-      sc.layers = 2;
-      sc.batch = 3;
-      sc.mode = mode;
-      sc.page_size = page_size;
-      sc.chunk = 2;
-      sc.pinned = 5;
-      sc.seed = 11 + static_cast<std::uint64_t>(page_size);
+      const scenario sc{.layers = 2,
+                        .batch = 3,
+                        .chunk = 2,
+                        .page_size = page_size,
+                        .pinned = 5,
+                        .mode = mode,
+                        .seed = 11 + static_cast<std::uint64_t>(page_size)};
       run_paged<at<sh::scissorhands_policy, sh::shared_layers<>>>(sc);
       run_paged<at<indicator_window, sh::shared_layers<sh::max_score, sh::max_score>>>(sc);
     }
@@ -441,14 +415,9 @@ TEST_CASE("shared_layers: select + compact over a shared page table matches the 
 TEST_CASE("shared_layers: select + forget for a slot-list engine (page size 1) matches the oracle",
           "[granularity]") {
   for (auto mode : {sh::compaction::fill_holes, sh::compaction::preserve_order}) {
-    scenario sc;
-    sc.layers = 3;
-    sc.batch = 2;
-    sc.page_size = 1;
-    sc.mode = mode;  // forget keeps the order whatever the mode
-    sc.apply = apply_mode::forget;
-    sc.chunk = 2;
-    sc.pinned = 3;
+    // forget keeps the order whatever the mode.
+    const scenario sc{
+        .layers = 3, .batch = 2, .chunk = 2, .page_size = 1, .pinned = 3, .mode = mode, .apply = apply_mode::forget};
     run_paged<at<sh::scissorhands_policy, sh::shared_layers<>>>(sc);
     run_paged<at<mass_decay, sh::shared_layers<sh::max_score>>>(sc);
   }
@@ -457,15 +426,14 @@ TEST_CASE("shared_layers: select + forget for a slot-list engine (page size 1) m
 TEST_CASE("pooling (SnapKV): every granularity ranks by the pooled score the oracle computes", "[granularity]") {
   for (auto pool_mode : {sh::pooling::mean, sh::pooling::max})
     for (std::int32_t width : {3, 5}) {
-      scenario sc;
-      sc.mode = sh::compaction::preserve_order;
-      sc.pool_width = width;
-      sc.pool_mode = pool_mode;
-      sc.seed = 40 + static_cast<std::uint64_t>(width);
-      sc.layers = 1;
-      sc.kv_heads = 3;
-      sc.apply = apply_mode::compress_layer;
-      sc.chunk = 3;
+      scenario sc{.layers = 1,
+                  .kv_heads = 3,
+                  .chunk = 3,
+                  .mode = sh::compaction::preserve_order,
+                  .apply = apply_mode::compress_layer,
+                  .seed = 40 + static_cast<std::uint64_t>(width),
+                  .pool_width = width,
+                  .pool_mode = pool_mode};
       run_contiguous<at<sh::h2o_policy, sh::shared_heads<>>>(sc);
       run_contiguous<at<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>>(sc);
       sc.layers = 3;
@@ -642,21 +610,31 @@ TEST_CASE("shared_heads compress refuses heads that hold different tokens", "[gr
   CHECK(buffer.equals(before));
 }
 
+namespace {
+
+// H2O at granularity G with one protected recent token: the small policy of
+// the page-table cases below.
+template <class G>
+sh::with_granularity<sh::h2o_policy, G> small_h2o() {
+  sh::with_granularity<sh::h2o_policy, G> p;
+  p.config.recent = 1;
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("a shared prefix page may be listed twice when compact never writes it", "[granularity]") {
   // Two sequences share their first page (a prefix); sequence 0 is at the
   // budget with the prefix pinned: compact writes only above it.
-  using policy_t = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
-  policy_t p;
-  p.config.recent = 1;
+  const auto p = small_h2o<sh::shared_layers<>>();
   const std::int32_t page = 4, H = 1, D = 4;
   paged_cache cache(2, H, D, page, 12, sh::paged_layout::nhd(page, H, D), sh::paged_layout::nhd(page, H, D), 9);
   for (int i = 0; i < 8; ++i) cache.append(0);
   for (int i = 0; i < 4; ++i) cache.append(1);
   cache.pages[1][0] = cache.pages[0][0];  // the shared prefix page
   const sh::state_shape shape{2, H, 12, p.ring_words()};
-  aligned_bytes buffer(sh::model_state_bytes(shape, 1));
-  const auto model = sh::make_model_state(buffer.span(), shape, 1);
-  sh::host::reset_state(model);
+  const model_holder holder(shape, 1);
+  const auto& model = holder.model;
   sh::host::admit(p, cache.view(), model.layer(0));
   aligned_bytes ws(sh::host::select_workspace_bytes(cache.view(), shape));
   aligned_bytes cws(sh::host::compact_workspace_bytes(cache.view()));
@@ -675,17 +653,13 @@ TEST_CASE("a shared prefix page may be listed twice when compact never writes it
 }
 
 TEST_CASE("compress, select and compact refuse a workspace over the page table", "[granularity]") {
-  using policy_t = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
-  using heads_t = sh::with_granularity<sh::h2o_policy, sh::shared_heads<>>;
-  policy_t p;
-  p.config.recent = 1;
+  const auto p = small_h2o<sh::shared_layers<>>();
   const std::int32_t page = 2, H = 1, D = 4;
   paged_cache cache(1, H, D, page, 8, sh::paged_layout::nhd(page, H, D), sh::paged_layout::nhd(page, H, D), 4);
   for (int i = 0; i < 8; ++i) cache.append(0);
   const sh::state_shape shape{1, H, 8, p.ring_words()};
-  aligned_bytes buffer(sh::model_state_bytes(shape, 1));
-  const auto model = sh::make_model_state(buffer.span(), shape, 1);
-  sh::host::reset_state(model);
+  const model_holder holder(shape, 1);
+  const auto& model = holder.model;
   auto view = cache.view();
   sh::host::admit(p, view, model.layer(0));
   // The table's indices copied to the start of a buffer the test then also
@@ -699,17 +673,11 @@ TEST_CASE("compress, select and compact refuse a workspace over the page table",
   const sh::eviction_selection<host> sel{8, {counts.data(), 1}, {slots.data(), 8}, {}, {{lens.data(), 1}, {freed.data(), 1}}};
   const std::vector<std::int32_t> table_before(ids, ids + cache.indices.size());
   const auto expect_workspace_refused = [&](auto&& call) {
-    try {
-      call();
-      FAIL("expected a refusal");
-    } catch (const sh::invalid_argument& e) {
-      CHECK(e.argument() == "workspace");
-    }
+    CHECK(refused_argument(call) == "workspace");
     CHECK(std::equal(table_before.begin(), table_before.end(), ids));
   };
   expect_workspace_refused([&] { sh::host::select(p, view, model, 8, bad, sel); });
-  heads_t heads;
-  heads.config.recent = 1;
+  const auto heads = small_h2o<sh::shared_heads<>>();
   expect_workspace_refused([&] { sh::host::compress(heads, view, model.layer(0), 8, bad, cache.output()); });
   aligned_bytes ws(sh::host::select_workspace_bytes(view, shape));
   sh::host::select(p, view, model, 8, ws.span(), sel);

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <vector>
@@ -176,6 +177,35 @@ using mass_mean = sh::eviction_policy<sh::attention_mass, sh::unbounded_history>
 using mass_max = sh::eviction_policy<sh::attention_mass, sh::unbounded_history, sh::recent_window, sh::gqa_max>;
 using mass_decay = sh::eviction_policy<sh::attention_mass, sh::exponential_decay>;
 
+// A paged cache of 3 sequences, 2 KV heads of 16: K pages NHD, V pages HND.
+paged_cache mixed_paged(std::int32_t page_size, std::int32_t capacity, std::uint64_t seed) {
+  return {
+      3,   2, 16, page_size, capacity, sh::paged_layout::nhd(page_size, 2, 16), sh::paged_layout::hnd(page_size, 2, 16),
+      seed};
+}
+
+// One cache's shape and how long compare_with_probabilities drives it.
+struct run_shape {
+  std::int32_t head_dim_or_page_size, capacity;
+  std::uint64_t seed;
+  std::int32_t group, prefill, extra_decode;
+};
+
+// Every query case on an NHD cache of 2 KV heads (mass_mean) and an HND
+// cache of 1 (mass_max: wide groups); then paged_case on a mixed_paged
+// cache (mass_decay).
+void compare_on_three_caches(std::initializer_list<query_case> cases, run_shape nhd, run_shape hnd, run_shape paged,
+                             const query_case& paged_case) {
+  for (const auto& qc : cases) {
+    auto a = make_contiguous(layout_kind::nhd, 3, 2, nhd.head_dim_or_page_size, nhd.capacity, nhd.seed);
+    compare_with_probabilities<mass_mean>(a, nhd.group, qc, nhd.prefill, nhd.extra_decode);
+    auto b = make_contiguous(layout_kind::hnd, 3, 1, hnd.head_dim_or_page_size, hnd.capacity, hnd.seed);
+    compare_with_probabilities<mass_max>(b, hnd.group, qc, hnd.prefill, hnd.extra_decode);
+  }
+  auto c = mixed_paged(paged.head_dim_or_page_size, paged.capacity, paged.seed);
+  compare_with_probabilities<mass_decay>(c, paged.group, paged_case, paged.prefill, paged.extra_decode);
+}
+
 }  // namespace
 
 TEST_CASE("observe_queries matches observe_probabilities: contiguous HND, GQA mean", "[observe_queries]") {
@@ -200,21 +230,14 @@ TEST_CASE("observe_queries matches observe_probabilities: long sequences, a head
   // 60 and more tokens: whole 16-token tiles and a partial one, prefetch
   // of the next tile; head_dim 13: dot products with a tail; group x
   // head_dim beyond the blocked path's stack scratch: the unblocked path.
-  for (const auto& qc : {moderate, peaky}) {
-    auto tail = make_contiguous(layout_kind::nhd, 3, 2, 13, 80, 11);
-    compare_with_probabilities<mass_mean>(tail, 3, qc, 40, 20);
-    auto wide = make_contiguous(layout_kind::hnd, 3, 1, 520, 70, 12);
-    compare_with_probabilities<mass_max>(wide, 2, qc, 30, 30);
-  }
-  paged_cache paged(3, 2, 16, 5, 80, sh::paged_layout::nhd(5, 2, 16), sh::paged_layout::hnd(5, 2, 16), 13);
-  compare_with_probabilities<mass_decay>(paged, 4, moderate, 45, 20);
+  compare_on_three_caches({moderate, peaky}, {13, 80, 11, 3, 40, 20}, {520, 70, 12, 2, 30, 30}, {5, 80, 13, 4, 45, 20},
+                          moderate);
 }
 
 TEST_CASE("observe_queries matches observe_probabilities: paged cache", "[observe_queries][paged]") {
   for (std::int32_t page_size : {1, 3, 16}) {
     INFO("page size " << page_size);
-    paged_cache cache(3, 2, 16, page_size, 24, sh::paged_layout::nhd(page_size, 2, 16),
-                      sh::paged_layout::hnd(page_size, 2, 16), 8);
+    auto cache = mixed_paged(page_size, 24, 8);
     compare_with_probabilities<mass_mean>(cache, 4, moderate);
   }
 }
@@ -232,14 +255,8 @@ TEST_CASE("observe_queries with a sliding window, soft-capping and ALiBi matches
   all.window_left = 6, all.soft_cap = 8.0f, all.alibi = true;
   query_case edge = moderate;
   edge.window_left = 0;  // each query sees only itself
-  for (const auto& qc : {window, capped, alibi, all, edge}) {
-    auto cache = make_contiguous(layout_kind::nhd, 3, 2, 16, 48, 21);
-    compare_with_probabilities<mass_mean>(cache, 2, qc, 20, 10);
-    auto wide = make_contiguous(layout_kind::hnd, 3, 1, 8, 40, 22);
-    compare_with_probabilities<mass_max>(wide, 4, qc, 12, 8);
-  }
-  paged_cache paged(3, 2, 16, 3, 48, sh::paged_layout::nhd(3, 2, 16), sh::paged_layout::hnd(3, 2, 16), 23);
-  compare_with_probabilities<mass_decay>(paged, 2, all, 20, 10);
+  compare_on_three_caches({window, capped, alibi, all, edge}, {16, 48, 21, 2, 20, 10}, {8, 40, 22, 4, 12, 8},
+                          {3, 48, 23, 2, 20, 10}, all);
 }
 
 TEST_CASE("attention options out of range are refused by name", "[observe_queries][attention_options][bad_input]") {

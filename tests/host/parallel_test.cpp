@@ -19,7 +19,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -36,27 +35,8 @@
 #include <scissorhands/host/threads.hpp>
 
 #include "policies.hpp"
+#include "refusal.hpp"
 #include "support.hpp"
-
-namespace {
-
-// An engine's bf16 (the upper half of an fp32), as element_test.cpp does:
-// the host backend's only non-fp32 element types are the engine's own.
-struct par_bf16 {
-  std::uint16_t bits;
-};
-
-par_bf16 to_bf16(float x) {  // round to nearest even
-  const auto u = std::bit_cast<std::uint32_t>(x);
-  return {static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
-}
-
-}  // namespace
-
-template <>
-struct scissorhands::element_traits<par_bf16> {
-  static float to_float(par_bf16 x) { return std::bit_cast<float>(std::uint32_t{x.bits} << 16); }
-};
 
 namespace {
 
@@ -80,7 +60,7 @@ bool same_bytes(const V& a, const V& b) {
 struct bf16_cache {
   std::int32_t batch, kv_heads, head_dim, capacity;
   sh::kv_layout layout;
-  std::vector<par_bf16> data[2];
+  std::vector<engine_bf16> data[2];
   std::vector<std::int32_t> lengths, reported, freed;
 
   bf16_cache(std::int32_t batch_, std::int32_t kv_heads_, std::int32_t head_dim_, std::int32_t capacity_, bool hnd,
@@ -96,13 +76,13 @@ struct bf16_cache {
       for (std::size_t i = 0; i < n; ++i) data[kind][i] = to_bf16(background_value(seed, kind, i) - 100.0f);
     }
   }
-  par_bf16* row(int kind, std::int32_t b, std::int32_t h, std::int32_t t) {
+  engine_bf16* row(int kind, std::int32_t b, std::int32_t h, std::int32_t t) {
     return data[kind].data() + layout.offset(b, h, t);
   }
   std::int32_t length(std::int32_t b) const { return lengths[static_cast<std::size_t>(b)]; }
   std::int32_t max_capacity() const { return capacity; }
   std::int32_t append(std::int32_t b) { return lengths[static_cast<std::size_t>(b)]++; }
-  sh::host_kv_view<par_bf16> view() {
+  sh::host_kv_view<engine_bf16> view() {
     return {{data[0].data(), data[0].size()}, {data[1].data(), data[1].size()}, layout, layout,
             sh::host_span<const std::int32_t>(lengths.data(), lengths.size()), batch, kv_heads, head_dim, capacity};
   }
@@ -566,41 +546,40 @@ class twin_engines {
   std::int64_t evictions_ = 0;
 };
 
+// Both engines of a scenario in both run modes, layer l's caches made by
+// make(sp, l).
 template <class Policy, class Q = float, class Make>
-void run_twins(const spec& sp, Make&& make) {
-  using Cache = decltype(make(0));
-  twin_engines<Policy, Q, Cache> engines(sp, make);
-  engines.run();
-}
-
-// Both engines of a scenario over contiguous fp32 caches (odd layers in the
-// other layout), in both run modes.
-template <class Policy, class Q = float>
-void contiguous(spec sp) {
+void run_twins(spec sp, Make&& make) {
   for (run_mode mode : {run_mode::shuffled, run_mode::threads}) {
     sp.run = mode;
-    run_twins<Policy, Q>(sp, [&](std::int32_t l) {
-      const bool hnd = sp.hnd != (l % 2 == 1);
-      return make_contiguous(hnd ? layout_kind::hnd : layout_kind::nhd, sp.batch(), sp.kv_heads, sp.head_dim,
-                             sp.state_capacity() + 2, sp.seed);
-    });
+    const auto make_layer = [&](std::int32_t l) { return make(sp, l); };
+    twin_engines<Policy, Q, decltype(make_layer(0))> engines(sp, make_layer);
+    engines.run();
   }
 }
 
-// The same over FlashInfer-style paged caches whose pool hands out pages in
-// a scrambled order (the same order in every layer: one shared table).
+// Layer l's layout: the scenario's for even layers, the other one for odd.
+bool hnd_at(const spec& sp, std::int32_t l) { return sp.hnd != (l % 2 == 1); }
+
+// Over contiguous fp32 caches.
 template <class Policy, class Q = float>
-void paged(spec sp) {
-  for (run_mode mode : {run_mode::shuffled, run_mode::threads}) {
-    sp.run = mode;
-    run_twins<Policy, Q>(sp, [&](std::int32_t l) {
-      const bool hnd = sp.hnd != (l % 2 == 1);
-      const auto layout = hnd ? sh::paged_layout::hnd(sp.page_size, sp.kv_heads, sp.head_dim)
-                              : sh::paged_layout::nhd(sp.page_size, sp.kv_heads, sp.head_dim);
-      return paged_cache(sp.batch(), sp.kv_heads, sp.head_dim, sp.page_size, sp.state_capacity() + sp.page_size,
-                         layout, layout, sp.seed);
-    });
-  }
+void contiguous(const spec& sp) {
+  run_twins<Policy, Q>(sp, [](const spec& s, std::int32_t l) {
+    return make_contiguous(hnd_at(s, l) ? layout_kind::hnd : layout_kind::nhd, s.batch(), s.kv_heads, s.head_dim,
+                           s.state_capacity() + 2, s.seed);
+  });
+}
+
+// Over FlashInfer-style paged caches whose pool hands out pages in a
+// scrambled order (the same order in every layer: one shared table).
+template <class Policy, class Q = float>
+void paged(const spec& sp) {
+  run_twins<Policy, Q>(sp, [](const spec& s, std::int32_t l) {
+    const auto layout = hnd_at(s, l) ? sh::paged_layout::hnd(s.page_size, s.kv_heads, s.head_dim)
+                                     : sh::paged_layout::nhd(s.page_size, s.kv_heads, s.head_dim);
+    return paged_cache(s.batch(), s.kv_heads, s.head_dim, s.page_size, s.state_capacity() + s.page_size, layout,
+                       layout, s.seed);
+  });
 }
 
 template <class Base, class G>
@@ -610,11 +589,8 @@ using at = sh::with_granularity<Base, G>;
 
 TEST_CASE("parallel: per_head plans in slices equal the serial calls, contiguous NHD and HND", "[parallel]") {
   for (bool hnd : {false, true}) {
-    spec sp;
-    sp.hnd = hnd;
     // Each policy sees both compaction modes (pooling forces preserve_order).
-    sp.mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes;
-    sp.seed = hnd ? 2 : 1;
+    spec sp{.hnd = hnd, .mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes, .seed = 1u + hnd};
     contiguous<sh::scissorhands_policy>(sp);
     contiguous<sh::h2o_policy>(sp);
     contiguous<sh::tova_policy>(sp);
@@ -632,13 +608,9 @@ TEST_CASE("parallel: per_head plans in slices equal the serial calls, contiguous
 TEST_CASE("parallel: per_head plans in slices equal the serial calls, paged (page size 1 and 4)", "[parallel]") {
   for (std::int32_t page_size : {1, 4})
     for (bool hnd : {false, true}) {
-      spec sp;
-      sp.page_size = page_size;
-      sp.hnd = hnd;
-      sp.layers = 2;  // one shared table: layer 1 in the other layout
-      sp.steps = 16;
-      sp.mode = hnd ? sh::compaction::fill_holes : sh::compaction::preserve_order;
-      sp.seed = 10 + static_cast<std::uint64_t>(page_size) + (hnd ? 1 : 0);
+      spec sp{.layers = 2, .steps = 16, .page_size = page_size, .hnd = hnd,  // one table: layer 1 the other layout
+              .mode = hnd ? sh::compaction::fill_holes : sh::compaction::preserve_order,
+              .seed = 10u + static_cast<std::uint32_t>(page_size) + hnd};
       paged<sh::scissorhands_policy>(sp);
       paged<sh::snapkv_policy>(sp);
       paged<sh::key_norm_policy>(sp);
@@ -650,13 +622,8 @@ TEST_CASE("parallel: per_head plans in slices equal the serial calls, paged (pag
 
 TEST_CASE("parallel: shared_heads compress in slices equals the serial call", "[parallel]") {
   for (bool hnd : {false, true}) {
-    spec sp;
-    sp.layers = 2;
-    sp.kv_heads = 3;
-    sp.hnd = hnd;
-    sp.steps = 16;
-    sp.mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes;
-    sp.seed = 20 + (hnd ? 1u : 0u);
+    spec sp{.layers = 2, .kv_heads = 3, .steps = 16, .hnd = hnd,
+            .mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes, .seed = 20u + hnd};
     contiguous<at<sh::scissorhands_policy, sh::shared_heads<>>>(sp);
     contiguous<at<sh::h2o_policy, sh::shared_heads<sh::max_score>>>(sp);
     contiguous<at<sh::snapkv_policy, sh::shared_heads<>>>(sp);
@@ -669,13 +636,8 @@ TEST_CASE("parallel: shared_heads compress in slices equals the serial call", "[
 
 TEST_CASE("parallel: shared_layers select + compact in slices equal the serial calls", "[parallel]") {
   for (auto mode : {sh::compaction::fill_holes, sh::compaction::preserve_order}) {
-    spec sp;
-    sp.layers = 3;
-    sp.apply = apply_kind::compact;
-    sp.mode = mode;
-    sp.pinned = 3;
-    sp.steps = 16;
-    sp.seed = 30 + static_cast<std::uint64_t>(mode);
+    spec sp{.layers = 3, .steps = 16, .mode = mode, .apply = apply_kind::compact, .pinned = 3,
+            .seed = 30 + static_cast<std::uint64_t>(mode)};
     contiguous<at<sh::scissorhands_policy, sh::shared_layers<>>>(sp);
     contiguous<at<mass_decay, sh::shared_layers<sh::max_score, sh::mean_score>>>(sp);
     contiguous<at<sh::snapkv_policy, sh::shared_layers<>>>(sp);
@@ -691,13 +653,7 @@ TEST_CASE("parallel: shared_layers select + compact in slices equal the serial c
 }
 
 TEST_CASE("parallel: shared_layers select + forget in slices equal the serial calls", "[parallel]") {
-  spec sp;
-  sp.layers = 3;
-  sp.apply = apply_kind::forget;
-  sp.page_size = 1;
-  sp.pinned = 2;
-  sp.steps = 16;
-  sp.seed = 40;
+  spec sp{.layers = 3, .steps = 16, .page_size = 1, .apply = apply_kind::forget, .pinned = 2, .seed = 40};
   paged<at<sh::scissorhands_policy, sh::shared_layers<>>>(sp);
   paged<at<mass_window_max, sh::shared_layers<sh::max_score>>>(sp);
   sp.mode = sh::compaction::preserve_order;
@@ -708,44 +664,20 @@ TEST_CASE("parallel: bf16 caches and queries, whole logit tiles, a head_dim tail
           "[parallel]") {
   // bf16 K/V and queries; budget 40: observe sees whole 16-token tiles.
   for (bool hnd : {false, true}) {
-    spec sp;
-    sp.hnd = hnd;
-    sp.budget = 40;
-    sp.evict = 6;
-    sp.chunk = 4;
-    sp.prefill = {43, 20, 0, 35};
-    sp.steps = 14;
-    sp.seed = 50 + (hnd ? 1u : 0u);
-    sp.mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes;
-    for (run_mode mode : {run_mode::shuffled, run_mode::threads}) {
-      sp.run = mode;
-      const auto make = [&](std::int32_t) {
-        return bf16_cache(sp.batch(), sp.kv_heads, sp.head_dim, sp.state_capacity() + 2, sp.hnd, sp.seed);
-      };
-      run_twins<sh::h2o_policy, par_bf16>(sp, make);
-      run_twins<sh::scissorhands_policy, par_bf16>(sp, make);
-      run_twins<at<sh::tova_policy, sh::shared_heads<>>, float>(sp, make);
-    }
+    spec sp{.budget = 40, .evict = 6, .chunk = 4, .steps = 14, .prefill = {43, 20, 0, 35}, .hnd = hnd,
+            .mode = hnd ? sh::compaction::preserve_order : sh::compaction::fill_holes, .seed = 50u + hnd};
+    const auto make = [](const spec& s, std::int32_t) {
+      return bf16_cache(s.batch(), s.kv_heads, s.head_dim, s.state_capacity() + 2, s.hnd, s.seed);
+    };
+    run_twins<sh::h2o_policy, engine_bf16>(sp, make);
+    run_twins<sh::scissorhands_policy, engine_bf16>(sp, make);
+    run_twins<at<sh::tova_policy, sh::shared_heads<>>, float>(sp, make);
   }
   // fp32 cache, bf16 queries, head_dim 13 (dot products with a tail), GQA 5
   // (four-row dot products and one more).
-  {
-    spec sp;
-    sp.head_dim = 13;
-    sp.group = 5;
-    sp.seed = 52;
-    contiguous<sh::h2o_policy, par_bf16>(sp);
-  }
+  contiguous<sh::h2o_policy, engine_bf16>({.group = 5, .head_dim = 13, .seed = 52});
   // head_dim above the blocked path's key scratch: the unblocked path.
-  {
-    spec sp;
-    sp.kv_heads = 1;
-    sp.head_dim = 520;
-    sp.group = 2;
-    sp.steps = 10;
-    sp.seed = 53;
-    contiguous<mass_window_max>(sp);
-  }
+  contiguous<mass_window_max>({.kv_heads = 1, .group = 2, .head_dim = 520, .steps = 10, .seed = 53});
 }
 
 // ---------------------------------------------------------------------------
@@ -812,12 +744,7 @@ struct fixture {
   }
   // Everything a call may write.
   std::vector<std::vector<std::byte>> snapshot() const {
-    const auto bytes = [](const auto& v) {
-      const auto* p = reinterpret_cast<const std::byte*>(v.data());
-      return std::vector<std::byte>(p, p + v.size() * sizeof(v[0]));
-    };
-    return {mem.snapshot(), bytes(cache.data[0]), bytes(cache.data[1]), bytes(cache.lengths), bytes(cache.reported),
-            bytes(cache.freed)};
+    return bytes_of_all(mem.snapshot(), cache.data[0], cache.data[1], cache.lengths, cache.reported, cache.freed);
   }
   // The serial compress of this fixture, with its own workspace.
   void compress() {
@@ -825,26 +752,6 @@ struct fixture {
     sh::host::compress(policy, cache.view(), state, budget, ws.span(), cache.output());
   }
 };
-
-// The call throws invalid_argument from `function` naming `argument` (in
-// the message too) and leaves every byte of `f` as it was.
-template <class Snapshot, class Call>
-void refused(const Snapshot& f, const std::string& function, const std::string& argument, Call&& call) {
-  const auto before = f.snapshot();
-  bool threw = false;
-  try {
-    call();
-  } catch (const sh::invalid_argument& e) {
-    threw = true;
-    INFO("message: " << e.what());
-    CHECK(e.function() == function);
-    CHECK(e.argument() == argument);
-    CHECK(std::string(e.what()).find(argument) != std::string::npos);
-  }
-  CHECK(threw);
-  const bool untouched = f.snapshot() == before;
-  CHECK(untouched);
-}
 
 }  // namespace
 
@@ -860,17 +767,17 @@ TEST_CASE("parallel: refused plans, slices and thread counts write nothing", "[p
   const auto out = f.cache.output();
 
   SECTION("a workspace sized for one slice, asked for two") {
-    refused(f, "host::plan_compress", "workspace",
+    check_refused(f, "host::plan_compress", "workspace",
             [&] { (void)sh::host::plan_compress(p, view, f.state, f.budget, {ws.data(), one}, out, 2); });
     // The same bytes are enough for one slice.
     CHECK_NOTHROW(sh::host::plan_compress(p, view, f.state, f.budget, {ws.data(), one}, out, 1).run());
   }
   SECTION("zero slices") {
-    refused(f, "host::plan_compress", "slices",
+    check_refused(f, "host::plan_compress", "slices",
             [&] { (void)sh::host::plan_compress(p, view, f.state, f.budget, ws.span(), out, 0); });
-    refused(f, "host::compress_workspace_bytes", "slices",
+    check_refused(f, "host::compress_workspace_bytes", "slices",
             [&] { (void)sh::host::compress_workspace_bytes(view, f.shape, 0); });
-    refused(f, "host::select_workspace_bytes", "slices",
+    check_refused(f, "host::select_workspace_bytes", "slices",
             [&] { (void)sh::host::select_workspace_bytes(view, f.shape, 0); });
   }
   SECTION("a slice outside the plan, and thread counts outside [1, max_slices]") {
@@ -878,13 +785,13 @@ TEST_CASE("parallel: refused plans, slices and thread counts write nothing", "[p
     REQUIRE(plan.max_slices() == 2);
     // The plan wrote the outputs; its slices have not run.
     REQUIRE(f.cache.reported == std::vector<std::int32_t>{8, 8, 0, 8});
-    refused(f, "host::plan_compress", "slice.index", [&] { plan.run({2, 2}); });
-    refused(f, "host::plan_compress", "slice.index", [&] { plan.run({-1, 2}); });
-    refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, 0}); });
-    refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, -3}); });
-    refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, plan.max_slices() + 1}); });
-    refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, 0); });
-    refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, plan.max_slices() + 1); });
+    check_refused(f, "host::plan_compress", "slice.index", [&] { plan.run({2, 2}); });
+    check_refused(f, "host::plan_compress", "slice.index", [&] { plan.run({-1, 2}); });
+    check_refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, 0}); });
+    check_refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, -3}); });
+    check_refused(f, "host::plan_compress", "slice.count", [&] { plan.run({0, plan.max_slices() + 1}); });
+    check_refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, 0); });
+    check_refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, plan.max_slices() + 1); });
     // The plan still runs after the refusals, and gives the serial call's bytes.
     fixture<sh::h2o_policy> serial;
     serial.compress();
@@ -895,31 +802,31 @@ TEST_CASE("parallel: refused plans, slices and thread counts write nothing", "[p
   SECTION("observe plans refuse bad slices, and have no slice limit") {
     const auto plan = sh::host::plan_observe_probabilities(p, view, f.state, f.probability());
     REQUIRE(plan.max_slices() == std::numeric_limits<std::int32_t>::max());
-    refused(f, "host::plan_observe_probabilities", "slice.index", [&] { plan.run({5, 5}); });
-    refused(f, "host::plan_observe_probabilities", "slice.count", [&] { plan.run({0, 0}); });
-    refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, -1); });
+    check_refused(f, "host::plan_observe_probabilities", "slice.index", [&] { plan.run({5, 5}); });
+    check_refused(f, "host::plan_observe_probabilities", "slice.count", [&] { plan.run({0, 0}); });
+    check_refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, -1); });
   }
   SECTION("a refused plan_observe_* writes nothing") {
     f.rows = {2, 0, -1, 2};  // row 2 twice
-    refused(f, "host::plan_observe_probabilities", "state.state_rows",
+    check_refused(f, "host::plan_observe_probabilities", "state.state_rows",
             [&] { (void)sh::host::plan_observe_probabilities(p, view, f.state, f.probability()); });
     f.rows = {2, 0, -1, 3};
     f.probs[5] = 1.5f;  // sequence 0, query head 0, slot 5: above 1
-    refused(f, "host::plan_observe_probabilities", "probs",
+    check_refused(f, "host::plan_observe_probabilities", "probs",
             [&] { (void)sh::host::plan_observe_probabilities(p, view, f.state, f.probability()); });
     std::vector<float> q(static_cast<std::size_t>(f.tokens() * f.H * f.G * f.D), 0.25f);
     std::vector<float> lse(static_cast<std::size_t>(f.tokens() * f.H * f.G), 1.0f);
     lse[3] = std::numeric_limits<float>::infinity();
     const sh::host_span<const std::int32_t> qo{f.qo.data(), f.qo.size()};
     const auto qv = sh::query_view<float, host>::ragged({q.data(), q.size()}, qo, f.H * f.G, f.D);
-    refused(f, "host::plan_observe_queries", "lse", [&] {
+    check_refused(f, "host::plan_observe_queries", "lse", [&] {
       (void)sh::host::plan_observe_queries(p, view, f.state, qv,
                                            sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, f.H * f.G, sh::lse_base::base2));
     });
-    refused(f, "host::plan_observe_queries", "softmax_scale",
+    check_refused(f, "host::plan_observe_queries", "softmax_scale",
             [&] { (void)sh::host::plan_observe_queries(p, view, f.state, qv, {}, -1.0f); });
     f.rows = {2, 0, -1, 0};
-    refused(f, "host::plan_observe_queries", "state.state_rows",
+    check_refused(f, "host::plan_observe_queries", "state.state_rows",
             [&] { (void)sh::host::plan_observe_queries(p, view, f.state, qv); });
   }
 }
@@ -957,38 +864,34 @@ TEST_CASE("parallel: refused select, compact and forget plans write nothing", "[
     const std::vector<std::int32_t>& lens;
     const std::vector<contiguous_cache>& caches;
     std::vector<std::vector<std::byte>> snapshot() const {
-      const auto bytes = [](const auto& v) {
-        const auto* q = reinterpret_cast<const std::byte*>(v.data());
-        return std::vector<std::byte>(q, q + v.size() * sizeof(v[0]));
-      };
-      std::vector<std::vector<std::byte>> s{mem.snapshot(), bytes(counts), bytes(slots), bytes(lens)};
-      for (const auto& c : caches) s.push_back(bytes(c.data[0])), s.push_back(bytes(c.data[1]));
+      auto s = bytes_of_all(mem.snapshot(), counts, slots, lens);
+      for (const auto& c : caches) s.push_back(bytes_of(c.data[0])), s.push_back(bytes_of(c.data[1]));
       return s;
     }
   } f{mem, counts, slots, lens, caches};
 
-  refused(f, "host::plan_select", "workspace",
+  check_refused(f, "host::plan_select", "workspace",
           [&] { (void)sh::host::plan_select(p, view, model, budget, {ws.data(), one}, sel, {}, 2); });
-  refused(f, "host::plan_select", "slices",
+  check_refused(f, "host::plan_select", "slices",
           [&] { (void)sh::host::plan_select(p, view, model, budget, ws.span(), sel, {}, 0); });
   const auto plan = sh::host::plan_select(p, view, model, budget, ws.span(), sel, {}, 3);
   REQUIRE(plan.units() == B);
   REQUIRE(plan.max_slices() == 3);
-  refused(f, "host::plan_select", "slice.count", [&] { plan.run({0, 4}); });
-  refused(f, "host::plan_select", "slice.index", [&] { plan.run({3, 3}); });
-  refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, 4); });
+  check_refused(f, "host::plan_select", "slice.count", [&] { plan.run({0, 4}); });
+  check_refused(f, "host::plan_select", "slice.index", [&] { plan.run({3, 3}); });
+  check_refused(f, "host::run_on_threads", "threads", [&] { sh::host::run_on_threads(plan, 4); });
   sh::host::run_on_threads(plan, 3);
   REQUIRE(counts == std::vector<std::int32_t>{2, 0, 0});  // lengths 8, 7, 6: only sequence 0 is at the budget
   REQUIRE(slots[0] < slots[1]);
   // Compact and forget plans refuse slices too, and a bad selection writes nothing.
   const auto compact_plan = sh::host::plan_compact(p, caches[1].view(), model.layer(1), sel);
-  refused(f, "host::plan_compact", "slice.index", [&] { compact_plan.run({1, 1}); });
+  check_refused(f, "host::plan_compact", "slice.index", [&] { compact_plan.run({1, 1}); });
   const auto forget_plan = sh::host::plan_forget(p, caches[1].view(), model.layer(1), sel);
-  refused(f, "host::plan_forget", "slice.count", [&] { forget_plan.run({0, 0}); });
+  check_refused(f, "host::plan_forget", "slice.count", [&] { forget_plan.run({0, 0}); });
   std::swap(slots[0], slots[1]);  // not ascending
-  refused(f, "host::plan_compact", "selection.slots",
+  check_refused(f, "host::plan_compact", "selection.slots",
           [&] { (void)sh::host::plan_compact(p, caches[0].view(), model.layer(0), sel); });
-  refused(f, "host::plan_forget", "selection.slots",
+  check_refused(f, "host::plan_forget", "selection.slots",
           [&] { (void)sh::host::plan_forget(p, caches[0].view(), model.layer(0), sel); });
 }
 

@@ -116,6 +116,22 @@ struct twin_cache {
         s.head_dim, s.page_size, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
   }
 
+  // Calls f(quantized view, float view) on the views of this twin's kind.
+  template <class F>
+  void on_views(F&& f) {
+    if (paged)
+      f(quantized_paged(), float_paged());
+    else
+      f(quantized_contiguous(), float_contiguous());
+  }
+  // Grows sequence b by one token (the table too) and appends it to both twins.
+  void append_token(std::int32_t b) {
+    ++lengths[static_cast<std::size_t>(b)];
+    rebuild_table();
+    on_views([&](auto qv, auto fv) { append_into(qv, fv, b); });
+    ++next_position[static_cast<std::size_t>(b)];
+  }
+
   // Appends one token to sequence b: quantized with the reference
   // quantizer into the quantized twin, its dequantized values into the float twin.
   template <class QView, class FView>
@@ -188,15 +204,7 @@ void run_twins(const Policy& policy, bool paged, bool hnd, sh::kv_quantization q
     // Prefill at step 0, one token per sequence after (sequence 1 skips every third step).
     for (std::int32_t b = 0; b < s.batch; ++b) {
       const std::int32_t add = step == 0 ? prefill[static_cast<std::size_t>(b)] : (b == 1 && step % 3 == 0 ? 0 : 1);
-      for (std::int32_t i = 0; i < add; ++i) {
-        ++c.lengths[static_cast<std::size_t>(b)];
-        c.rebuild_table();
-        if (paged)
-          c.append_into(c.quantized_paged(), c.float_paged(), b);
-        else
-          c.append_into(c.quantized_contiguous(), c.float_contiguous(), b);
-        ++c.next_position[static_cast<std::size_t>(b)];
-      }
+      for (std::int32_t i = 0; i < add; ++i) c.append_token(b);
     }
     const std::int32_t q_len = step == 0 ? 5 : 1;
     std::vector<std::int32_t> qo{0};
@@ -220,20 +228,14 @@ void run_twins(const Policy& policy, bool paged, bool hnd, sh::kv_quantization q
       sh::host::compress(policy, fview, fs->state, budget, work_f.span(),
                          {{new_f.data(), new_f.size()}, {freed_f.data(), freed_f.size()}});
     };
-    if (paged)
-      step_on(c.quantized_paged(), c.float_paged());
-    else
-      step_on(c.quantized_contiguous(), c.float_contiguous());
+    c.on_views(step_on);
     INFO("step " << step);
     REQUIRE(new_q == new_f);
     REQUIRE(freed_q == freed_f);
     REQUIRE(std::memcmp(qs->buffer.data(), fs->buffer.data(), qs->buffer.size()) == 0);
     c.lengths = new_q;
     c.rebuild_table();
-    if (paged)
-      check_rows(c, c.quantized_paged(), c.float_paged(), qs->state, qs->shape.capacity);
-    else
-      check_rows(c, c.quantized_contiguous(), c.float_contiguous(), qs->state, qs->shape.capacity);
+    c.on_views([&](auto qv, auto fv) { check_rows(c, qv, fv, qs->state, qs->shape.capacity); });
   }
   // The run evicted: the budget bound every sequence.
   for (std::int32_t b = 0; b < s.batch; ++b) CHECK(c.lengths[static_cast<std::size_t>(b)] <= budget);
@@ -275,15 +277,7 @@ void run_twins_layers(const Policy& policy, bool paged, bool hnd, sh::kv_quantiz
     const std::int32_t add = step == 0 ? 22 : 1;
     for (auto& layer : c)
       for (std::int32_t b = 0; b < s.batch; ++b)
-        for (std::int32_t i = 0; i < add; ++i) {
-          ++layer.lengths[static_cast<std::size_t>(b)];
-          layer.rebuild_table();
-          if (paged)
-            layer.append_into(layer.quantized_paged(), layer.float_paged(), b);
-          else
-            layer.append_into(layer.quantized_contiguous(), layer.float_contiguous(), b);
-          ++layer.next_position[static_cast<std::size_t>(b)];
-        }
+        for (std::int32_t i = 0; i < add; ++i) layer.append_token(b);
     const std::vector<float> qdata = queries_of(s, 1, step);
     const auto qv = sh::query_view<float, host>::dense({qdata.data(), qdata.size()}, s.q_heads, 1, s.head_dim);
     const auto run = [&](auto view_of_q, auto view_of_f) {
@@ -316,10 +310,7 @@ void run_twins_layers(const Policy& policy, bool paged, bool hnd, sh::kv_quantiz
     for (std::int32_t l = 0; l < L; ++l) {
       at(l).lengths = sq.new_lengths;
       at(l).rebuild_table();
-      if (paged)
-        check_rows(at(l), at(l).quantized_paged(), at(l).float_paged(), model_q.layer(l), shape.capacity);
-      else
-        check_rows(at(l), at(l).quantized_contiguous(), at(l).float_contiguous(), model_q.layer(l), shape.capacity);
+      at(l).on_views([&](auto qv, auto fv) { check_rows(at(l), qv, fv, model_q.layer(l), shape.capacity); });
     }
   }
   for (std::int32_t b = 0; b < s.batch; ++b) CHECK(c[0].lengths[static_cast<std::size_t>(b)] <= budget);

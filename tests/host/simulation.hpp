@@ -24,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "oracle.hpp"
@@ -63,6 +64,31 @@ struct sim_spec {
     return s.str();
   }
 };
+
+// A spec from its numbers, in the order the variant tables list them.
+inline sim_spec make_sim_spec(std::int32_t kv_heads, std::int32_t group, std::int32_t head_dim,
+                              std::vector<std::int32_t> prefill, std::int32_t prefill_q, std::int32_t decode_q,
+                              std::int32_t calls, std::int32_t budget, std::int32_t m, std::int32_t recent,
+                              std::int32_t sinks, std::int32_t window, sh::compaction mode, bool normalize,
+                              std::uint64_t seed) {
+  sim_spec s;
+  s.kv_heads = kv_heads;
+  s.group = group;
+  s.head_dim = head_dim;
+  s.prefill = std::move(prefill);
+  s.prefill_q = prefill_q;
+  s.decode_q = decode_q;
+  s.calls = calls;
+  s.budget = budget;
+  s.config.evict_count = m;
+  s.config.recent = recent;
+  s.config.sinks = sinks;
+  s.config.window = window;
+  s.config.compaction_mode = mode;
+  s.config.normalize = normalize;
+  s.seed = seed;
+  return s;
+}
 
 // The unnormalised attention weight query head qh gives `position` at step
 // `step`: a persistent per-position importance times per-step noise, with

@@ -4,7 +4,6 @@
 // compaction modes. See simulation.hpp for what is checked after each call.
 #include <catch2/catch.hpp>
 
-#include <utility>
 #include <vector>
 
 #include "policies.hpp"
@@ -13,29 +12,6 @@
 namespace {
 
 using namespace sh_test;
-
-sim_spec make_spec(std::int32_t kv_heads, std::int32_t group, std::int32_t head_dim, std::vector<std::int32_t> prefill,
-                   std::int32_t prefill_q, std::int32_t decode_q, std::int32_t calls, std::int32_t budget,
-                   std::int32_t m, std::int32_t recent, std::int32_t sinks, std::int32_t window, sh::compaction mode,
-                   bool normalize, std::uint64_t seed) {
-  sim_spec s;
-  s.kv_heads = kv_heads;
-  s.group = group;
-  s.head_dim = head_dim;
-  s.prefill = std::move(prefill);
-  s.prefill_q = prefill_q;
-  s.decode_q = decode_q;
-  s.calls = calls;
-  s.budget = budget;
-  s.config.evict_count = m;
-  s.config.recent = recent;
-  s.config.sinks = sinks;
-  s.config.window = window;
-  s.config.compaction_mode = mode;
-  s.config.normalize = normalize;
-  s.seed = seed;
-  return s;
-}
 
 struct variant {
   layout_kind layout;
@@ -49,27 +25,27 @@ std::vector<variant> contiguous_variants() {
   // Ragged prefill: one sequence above the budget, one below, one between.
   // Groups 1/2/4/8 as in real models, and 3, where the mean's division is
   // not exact (a multiply by 1/3 would round differently).
-  v.push_back({layout_kind::nhd, make_spec(2, 1, 8, {30, 9, 17}, 4, 1, 45, 16, 1, 4, 0, 5, compaction::fill_holes,
-                                           false, 11)});
-  v.push_back({layout_kind::hnd, make_spec(2, 2, 8, {12, 20, 6}, 3, 2, 40, 14, 3, 3, 2, 37,
-                                           compaction::preserve_order, true, 12)});
+  v.push_back({layout_kind::nhd,
+               make_sim_spec(2, 1, 8, {30, 9, 17}, 4, 1, 45, 16, 1, 4, 0, 5, compaction::fill_holes, false, 11)});
+  v.push_back({layout_kind::hnd,
+               make_sim_spec(2, 2, 8, {12, 20, 6}, 3, 2, 40, 14, 3, 3, 2, 37, compaction::preserve_order, true, 12)});
   v.back().spec.config.alpha = 0.5f;
-  v.push_back({layout_kind::padded, make_spec(3, 4, 12, {1, 3}, 1, 1, 50, 12, 1, 2, 1, 5,
-                                              compaction::preserve_order, false, 13)});
+  v.push_back({layout_kind::padded,
+               make_sim_spec(3, 4, 12, {1, 3}, 1, 1, 50, 12, 1, 2, 1, 5, compaction::preserve_order, false, 13)});
   v.back().spec.quantized = true;
-  v.push_back({layout_kind::mixed, make_spec(2, 8, 8, {20, 25, 16, 2}, 2, 1, 35, 18, 5, 4, 0, 7,
-                                             compaction::fill_holes, true, 14)});
+  v.push_back({layout_kind::mixed,
+               make_sim_spec(2, 8, 8, {20, 25, 16, 2}, 2, 1, 35, 18, 5, 4, 0, 7, compaction::fill_holes, true, 14)});
   v.back().spec.config.decay = 0.8f;
-  v.push_back({layout_kind::sequence_inner, make_spec(2, 3, 8, {10, 4, 13}, 2, 1, 40, 15, 2, 5, 3, 5,
-                                                      compaction::fill_holes, false, 15),
+  v.push_back({layout_kind::sequence_inner,
+               make_sim_spec(2, 3, 8, {10, 4, 13}, 2, 1, 40, 15, 2, 5, 3, 5, compaction::fill_holes, false, 15),
                false});
   v.back().spec.quantized = true;
   // One sequence, the largest m the budget allows (budget - r - s).
-  v.push_back({layout_kind::nhd, make_spec(1, 1, 8, {24}, 5, 1, 30, 12, 8, 3, 1, 5, compaction::preserve_order,
-                                           false, 16)});
+  v.push_back({layout_kind::nhd,
+               make_sim_spec(1, 1, 8, {24}, 5, 1, 30, 12, 8, 3, 1, 5, compaction::preserve_order, false, 16)});
   // A full causal prefill (every token a query), then multi-token steps.
-  v.push_back({layout_kind::hnd, make_spec(2, 4, 8, {40, 40}, 40, 3, 20, 20, 1, 2, 0, 9, compaction::fill_holes,
-                                           false, 17)});
+  v.push_back({layout_kind::hnd,
+               make_sim_spec(2, 4, 8, {40, 40}, 40, 3, 20, 20, 1, 2, 0, 9, compaction::fill_holes, false, 17)});
   v.back().spec.config.alpha = 2.0f;
   return v;
 }
@@ -99,7 +75,7 @@ TEMPLATE_TEST_CASE("contiguous caches match the oracle", "[oracle][contiguous]",
 TEST_CASE("recency with sinks is StreamingLLM: sinks plus the newest tokens stay", "[oracle][contiguous]") {
   // Independent of the oracle: with equal scores the tie-break evicts the
   // oldest unprotected tokens, so exactly sinks + the newest remain.
-  sim_spec spec = make_spec(2, 1, 8, {20, 7}, 1, 1, 30, 10, 1, 3, 2, 5, sh::compaction::preserve_order, false, 21);
+  sim_spec spec = make_sim_spec(2, 1, 8, {20, 7}, 1, 1, 30, 10, 1, 3, 2, 5, sh::compaction::preserve_order, false, 21);
   auto cache = make_contiguous(layout_kind::nhd, spec.batch(), spec.kv_heads, spec.head_dim, spec.capacity(), 3);
   sh::streaming_policy policy;
   policy.config = spec.config;

@@ -22,38 +22,18 @@ struct paged_variant {
   sim_spec spec;
 };
 
-sim_spec spec_of(std::int32_t kv_heads, std::int32_t group, std::vector<std::int32_t> prefill, std::int32_t prefill_q,
-                 std::int32_t decode_q, std::int32_t calls, std::int32_t budget, std::int32_t m, std::int32_t recent,
-                 std::int32_t sinks, sh::compaction mode, bool normalize, std::uint64_t seed) {
-  sim_spec s;
-  s.kv_heads = kv_heads;
-  s.group = group;
-  s.head_dim = 8;
-  s.prefill = std::move(prefill);
-  s.prefill_q = prefill_q;
-  s.decode_q = decode_q;
-  s.calls = calls;
-  s.budget = budget;
-  s.config.evict_count = m;
-  s.config.recent = recent;
-  s.config.sinks = sinks;
-  s.config.window = 6;
-  s.config.compaction_mode = mode;
-  s.config.normalize = normalize;
-  s.seed = seed;
-  return s;
-}
-
 std::vector<paged_variant> paged_variants() {
   using sh::compaction;
   std::vector<paged_variant> v;
-  v.push_back({1, page_layout::nhd, spec_of(2, 2, {9, 14, 5}, 3, 1, 35, 12, 1, 3, 0, compaction::fill_holes, false, 31)});
+  v.push_back({1, page_layout::nhd,
+               make_sim_spec(2, 2, 8, {9, 14, 5}, 3, 1, 35, 12, 1, 3, 0, 6, compaction::fill_holes, false, 31)});
   v.push_back({3, page_layout::hnd,
-               spec_of(2, 4, {17, 4, 11}, 2, 2, 35, 13, 3, 2, 2, compaction::preserve_order, true, 32)});
+               make_sim_spec(2, 4, 8, {17, 4, 11}, 2, 2, 35, 13, 3, 2, 2, 6, compaction::preserve_order, true, 32)});
   // Budget 40, m 10: every compress drops from 3 pages of 16 to 2.
-  v.push_back({16, page_layout::nhd, spec_of(2, 1, {50, 20}, 6, 1, 40, 40, 10, 6, 1, compaction::fill_holes, false, 33)});
+  v.push_back({16, page_layout::nhd,
+               make_sim_spec(2, 1, 8, {50, 20}, 6, 1, 40, 40, 10, 6, 1, 6, compaction::fill_holes, false, 33)});
   v.push_back({3, page_layout::padded_mixed,
-               spec_of(3, 8, {7, 12}, 1, 1, 40, 10, 2, 2, 0, compaction::fill_holes, true, 34)});
+               make_sim_spec(3, 8, 8, {7, 12}, 1, 1, 40, 10, 2, 2, 0, 6, compaction::fill_holes, true, 34)});
   v.back().spec.quantized = true;
   return v;
 }

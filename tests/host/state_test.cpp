@@ -14,16 +14,6 @@ namespace {
 
 using namespace sh_test;
 
-template <class F>
-std::string refused_argument(F&& f) {
-  try {
-    f();
-  } catch (const sh::invalid_argument& e) {
-    return e.argument();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("state arrays lie inside the buffer, aligned and disjoint", "[state]") {

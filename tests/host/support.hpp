@@ -1,8 +1,10 @@
 #pragma once
 // Shared pieces of the host tests: deterministic hashing, token row
 // contents derived from (sequence, head, position), aligned buffers, the
-// state holder, and the two cache models (contiguous and paged) the
-// simulations drive. Nothing here calls the library's selection code.
+// state and model holders, an engine's own bf16, the argument a refused call names,
+// a slot map compacted as compress compacts it, and the two cache models
+// (contiguous and paged) the simulations drive. Nothing here calls the
+// library's selection code.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <scissorhands/scissorhands.hpp>
@@ -69,6 +72,54 @@ void scramble(std::vector<T>& v, std::uint64_t seed) {
   }
 }
 
+// The argument the library's invalid_argument names, or "(accepted)" when
+// the call returned: CHECK(refused_argument([&] { ... }) == "row").
+template <class Call>
+std::string refused_argument(Call&& call) {
+  try {
+    call();
+  } catch (const sh::invalid_argument& e) {
+    return e.argument();
+  }
+  return "(accepted)";
+}
+
+// An engine's own bf16 (the upper half of an fp32): the host backend's only
+// non-fp32 element types are the engine's, through element_traits (below).
+struct engine_bf16 {
+  std::uint16_t bits;
+};
+
+inline engine_bf16 to_bf16(float x) {  // round to nearest even
+  const auto u = std::bit_cast<std::uint32_t>(x);
+  return {static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+
+// What compress does to a sequence's slots, on the test's own map (slot ->
+// whatever it tracks): the evicted slots go; fill_holes moves the last kept
+// entries into the holes below the new length, both ascending;
+// preserve_order keeps the order.
+template <class T>
+void compact_slot_map(std::vector<T>& map, const std::vector<std::int32_t>& evicted, sh::compaction mode) {
+  std::vector<char> gone(map.size(), 0);
+  for (std::int32_t t : evicted) gone[static_cast<std::size_t>(t)] = 1;
+  const std::size_t kept = map.size() - evicted.size();
+  if (mode == sh::compaction::fill_holes) {
+    std::size_t source = kept;
+    for (std::size_t hole = 0; hole < kept; ++hole) {
+      if (!gone[hole]) continue;
+      while (gone[source]) ++source;
+      map[hole] = map[source++];
+    }
+    map.resize(kept);
+  } else {
+    std::vector<T> next;
+    for (std::size_t t = 0; t < map.size(); ++t)
+      if (!gone[t]) next.push_back(map[t]);
+    map = std::move(next);
+  }
+}
+
 // A 256-byte aligned heap buffer (the state requires it).
 class aligned_bytes {
  public:
@@ -113,9 +164,38 @@ struct state_holder {
   }
 };
 
+// A model state (`layers` layer states) over its own buffer, reset and ready.
+struct model_holder {
+  sh::state_shape shape;
+  aligned_bytes buffer;
+  sh::model_state<host> model;
+
+  model_holder(const sh::state_shape& shape_, std::int32_t layers)
+      : shape(shape_),
+        buffer(sh::model_state_bytes(shape_, layers)),
+        model(sh::make_model_state(buffer.span(), shape_, layers)) {
+    sh::host::reset_state(model);
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Cache models. Both keep their own record of which row holds what and
 // compute row offsets with their own maths.
+
+// A K or V buffer that holds every row offset(i, h, t) starts (i < outer,
+// h < heads, t < inner) plus `tail` elements nobody may write, each element
+// a background value.
+template <class Offset>
+std::vector<float> background_buffer(std::int32_t outer, std::int32_t heads, std::int32_t inner, std::int32_t head_dim,
+                                     std::int32_t tail, std::uint64_t seed, int kind, Offset&& offset) {
+  std::int64_t last = 0;
+  for (std::int32_t i = 0; i < outer; ++i)
+    for (std::int32_t h = 0; h < heads; ++h)
+      for (std::int32_t t = 0; t < inner; ++t) last = std::max(last, offset(i, h, t));
+  std::vector<float> data(static_cast<std::size_t>(last + head_dim + tail));
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = background_value(seed, kind, i);
+  return data;
+}
 
 // Contiguous per-sequence cache with any strides for K and V.
 struct contiguous_cache {
@@ -132,15 +212,10 @@ struct contiguous_cache {
       : batch(batch_), kv_heads(kv_heads_), head_dim(head_dim_), capacity(capacity_), layouts{k_layout, v_layout},
         lengths(static_cast<std::size_t>(batch_), 0), reported(static_cast<std::size_t>(batch_), -7),
         freed(static_cast<std::size_t>(batch_), -7) {
-    for (int kind = 0; kind < 2; ++kind) {
-      // Largest offset the layout reaches, plus a tail nobody may write.
-      std::int64_t last = 0;
-      for (std::int32_t b = 0; b < batch; ++b)
-        for (std::int32_t h = 0; h < kv_heads; ++h)
-          for (std::int32_t t = 0; t < capacity; ++t) last = std::max(last, row_offset(kind, b, h, t));
-      data[kind].resize(static_cast<std::size_t>(last + head_dim + 5));
-      for (std::size_t i = 0; i < data[kind].size(); ++i) data[kind][i] = background_value(seed, kind, i);
-    }
+    for (int kind = 0; kind < 2; ++kind)
+      data[kind] =
+          background_buffer(batch, kv_heads, capacity, head_dim, 5, seed, kind,
+                            [&](std::int32_t b, std::int32_t h, std::int32_t t) { return row_offset(kind, b, h, t); });
   }
   std::int64_t row_offset(int kind, std::int32_t b, std::int32_t h, std::int32_t t) const {
     const auto& l = layouts[kind];
@@ -195,14 +270,10 @@ struct paged_cache {
         max_pages((capacity + page_size_ - 1) / page_size_), num_pages(batch_ * max_pages + 5),
         layouts{k_layout, v_layout}, pages(static_cast<std::size_t>(batch_)),
         lengths(static_cast<std::size_t>(batch_), 0), seed(seed_) {
-    for (int kind = 0; kind < 2; ++kind) {
-      std::int64_t last = 0;
-      for (std::int32_t p = 0; p < num_pages; ++p)
-        for (std::int32_t h = 0; h < kv_heads; ++h)
-          for (std::int32_t t = 0; t < page_size; ++t) last = std::max(last, page_row_offset(kind, p, h, t));
-      data[kind].resize(static_cast<std::size_t>(last + head_dim + 3));
-      for (std::size_t i = 0; i < data[kind].size(); ++i) data[kind][i] = background_value(seed, kind, i);
-    }
+    for (int kind = 0; kind < 2; ++kind)
+      data[kind] = background_buffer(
+          num_pages, kv_heads, page_size, head_dim, 3, seed, kind,
+          [&](std::int32_t p, std::int32_t h, std::int32_t t) { return page_row_offset(kind, p, h, t); });
     for (std::int32_t p = 0; p < num_pages; ++p) free_list.push_back(p);
     scramble(free_list, seed);
     build_table();
@@ -244,21 +315,19 @@ struct paged_cache {
   }
   sh::host_paged_kv_view<float> view() {
     build_table();
-    sh::host_paged_kv_view<float> v;
-    v.k_pages = {data[0].data(), data[0].size()};
-    v.v_pages = {data[1].data(), data[1].size()};
-    v.k_layout = layouts[0];
-    v.v_layout = layouts[1];
-    v.indptr = {indptr.data(), indptr.size()};
-    v.indices = {indices.data(), indices.size()};
-    v.last_page_len = {last_page_len.data(), last_page_len.size()};
-    v.batch = batch;
-    v.kv_heads = kv_heads;
-    v.head_dim = head_dim;
-    v.page_size = page_size;
-    v.num_pages = num_pages;
-    v.max_pages_per_sequence = max_pages;
-    return v;
+    return {{data[0].data(), data[0].size()},
+            {data[1].data(), data[1].size()},
+            layouts[0],
+            layouts[1],
+            {indptr.data(), indptr.size()},
+            {indices.data(), indices.size()},
+            {last_page_len.data(), last_page_len.size()},
+            batch,
+            kv_heads,
+            head_dim,
+            page_size,
+            num_pages,
+            max_pages};
   }
   // Fresh output spans for one compress call (poisoned, so unwritten entries show).
   sh::compress_output<sh::memory_space::host> output() {
@@ -359,3 +428,8 @@ inline contiguous_cache make_contiguous(layout_kind kind, std::int32_t batch, st
 }
 
 }  // namespace sh_test
+
+template <>
+struct scissorhands::element_traits<sh_test::engine_bf16> {
+  static float to_float(sh_test::engine_bf16 x) { return std::bit_cast<float>(std::uint32_t{x.bits} << 16); }
+};

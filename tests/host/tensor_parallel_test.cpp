@@ -19,6 +19,7 @@
 
 #include <scissorhands/host/threads.hpp>
 
+#include "refusal.hpp"
 #include "support.hpp"
 
 namespace {
@@ -58,6 +59,12 @@ struct rank_shard {
   }
   sh::partial_scores<host> scores(std::int32_t total_heads) {
     return {{partial.data(), partial.size()}, model.layers, shape.rows, shape.capacity, total_heads};
+  }
+  // Everything a call may write but the workspace.
+  auto snapshot() const {
+    auto s = bytes_of_all(model_buffer.snapshot(), partial, counts, slots, cache_slots, new_lengths);
+    for (const auto& c : caches) s.push_back(bytes_of(c.data[0])), s.push_back(bytes_of(c.data[1]));
+    return s;
   }
   sh::eviction_selection<host> selection(std::int32_t stride) {
     return {stride,
@@ -244,21 +251,10 @@ void run_ranks(const Policy& policy, const tp_scenario& sc, std::int32_t R, bool
     threads.join();
     for (std::int32_t b = 0; b < sc.batch; ++b) {
       const std::int32_t count = ranks[0]->counts[static_cast<std::size_t>(b)];
-      if (count == 0) continue;
       evictions += count;
-      // fill_holes (the default): the survivors above the new length move
-      // into the holes below it, both ascending.
-      auto& map = slot_pos[static_cast<std::size_t>(b)];
-      const std::int32_t len = static_cast<std::int32_t>(map.size()), kept = len - count;
-      std::vector<bool> gone(static_cast<std::size_t>(len), false);
-      for (std::int32_t j = 0; j < count; ++j) gone[static_cast<std::size_t>(ranks[0]->slots[static_cast<std::size_t>(b * stride + j)])] = true;
-      std::int32_t source = kept;
-      for (std::int32_t t = 0; t < kept; ++t) {
-        if (!gone[static_cast<std::size_t>(t)]) continue;
-        while (gone[static_cast<std::size_t>(source)]) ++source;
-        map[static_cast<std::size_t>(t)] = map[static_cast<std::size_t>(source++)];
-      }
-      map.resize(static_cast<std::size_t>(kept));
+      const auto first = ranks[0]->slots.begin() + b * stride;
+      compact_slot_map(slot_pos[static_cast<std::size_t>(b)], std::vector<std::int32_t>(first, first + count),
+                       policy.config.compaction_mode);  // fill_holes, the default
     }
     for (rank_shard* s : all_shards(whole, ranks))
       for (auto& c : s->caches) c.lengths = s->new_lengths;
@@ -293,36 +289,39 @@ void run_ranks(const Policy& policy, const tp_scenario& sc, std::int32_t R, bool
   CHECK(evictions > 0);  // the scenario reached the budget
 }
 
+// The default scenario on 2, 4 and 8 ranks, with one of the policy's
+// settings changed.
+template <class Policy>
+void on_2_4_8_ranks(std::int32_t sh::settings::*setting, std::int32_t value, bool exact) {
+  Policy policy;
+  policy.config.*setting = value;
+  for (std::int32_t R : {2, 4, 8}) run_ranks(policy, tp_scenario{}, R, exact);
+}
+
+template <class Base, class... Reductions>
+using shared = sh::with_granularity<Base, sh::shared_layers<Reductions...>>;
+
 }  // namespace
 
 TEST_CASE("tensor parallel: ranks agree with each other and with one rank (max over heads: exact)", "[tensor_parallel]") {
-  using P = sh::with_granularity<sh::scissorhands_policy, sh::shared_layers<sh::max_score, sh::max_score>>;
-  P policy;
-  policy.config.evict_count = 2;
-  for (std::int32_t R : {2, 4, 8}) run_ranks(policy, tp_scenario{}, R, true);
+  on_2_4_8_ranks<shared<sh::scissorhands_policy, sh::max_score, sh::max_score>>(&sh::settings::evict_count, 2, true);
 }
 
 TEST_CASE("tensor parallel: mean over heads of integer window counts is exact", "[tensor_parallel]") {
   // The paper's policy: unimportant-step counts, not normalised: every
   // partial sum is an integer below 2^24, so any summation order gives the
   // same bits.
-  using P = sh::with_granularity<sh::scissorhands_paper_policy, sh::shared_layers<>>;
-  P policy;
-  policy.config.window = 12;
-  for (std::int32_t R : {2, 4, 8}) run_ranks(policy, tp_scenario{}, R, true);
+  on_2_4_8_ranks<shared<sh::scissorhands_paper_policy>>(&sh::settings::window, 12, true);
 }
 
 TEST_CASE("tensor parallel: real-valued means: ranks agree with each other", "[tensor_parallel]") {
   // H2O's attention mass: sums in rank order round differently from one
   // rank's head order, so only agreement between ranks is promised.
-  using P = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
-  P policy;
-  policy.config.evict_count = 3;
-  for (std::int32_t R : {2, 4, 8}) run_ranks(policy, tp_scenario{}, R, false);
+  on_2_4_8_ranks<shared<sh::h2o_policy>>(&sh::settings::evict_count, 3, false);
 }
 
 TEST_CASE("tensor parallel: one rank through local_scores is select, bit for bit", "[tensor_parallel]") {
-  using P = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
+  using P = shared<sh::h2o_policy>;
   P policy;
   run_ranks(policy, tp_scenario{}, 1, true);
 }
@@ -335,7 +334,7 @@ TEST_CASE("tensor parallel: a reduction that sums in another order on each rank 
   // (-1e8 + 1 rounds to -1e8). Slot 1 scores 0.2 on every head. With m = 1
   // a rank that got 1 evicts slot 1 (mean 0.2 < 1/3), one that got 0 evicts
   // slot 0: the same model, two block tables.
-  using P = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
+  using P = shared<sh::h2o_policy>;
   P policy;
   policy.config.recent = 2;
   const std::int32_t R = 3, len = 6, budget = len;
@@ -382,7 +381,7 @@ TEST_CASE("tensor parallel: a reduction that sums in another order on each rank 
 }
 
 TEST_CASE("tensor parallel: bad partial scores are refused, naming the argument", "[tensor_parallel][bad_input]") {
-  using P = sh::with_granularity<sh::h2o_policy, sh::shared_layers<>>;
+  using P = shared<sh::h2o_policy>;
   P policy;
   policy.config.recent = 2;
   const std::int32_t len = 6, capacity = 8;
@@ -391,41 +390,27 @@ TEST_CASE("tensor parallel: bad partial scores are refused, naming the argument"
     for (std::int32_t t = 0; t < len; ++t) c.append(0);
   }
   for (std::int32_t l = 0; l < 2; ++l) sh::host::admit(policy, r.caches[static_cast<std::size_t>(l)].view(), r.model.layer(l));
-  const auto refused = [&](const char* arg, auto&& call) {
-    try {
-      call();
-      FAIL("accepted bad " << arg);
-    } catch (const sh::invalid_argument& e) {
-      INFO(e.what());
-      CHECK(e.argument() == arg);
-    }
+  // local_scores (select, when `selecting`) with rank r's scores but for
+  // `breaks` refuses, naming `argument`, and writes nothing.
+  const auto refused = [&](const char* argument, auto&& breaks, bool selecting = false) {
+    auto bad = r.scores(4);
+    breaks(bad);
+    if (selecting)
+      check_refused(r, "host::select", argument, [&] {
+        sh::host::select(policy, r.caches[0].view(), r.model, 4, bad, r.workspace->span(), r.selection(8));
+      });
+    else
+      check_refused(r, "host::local_scores", argument,
+                    [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
   };
-  const std::vector<float> before = r.partial;
-  auto bad = r.scores(4);
-  bad.layers = 1;
-  refused("partial.layers", [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
-  bad = r.scores(4);
-  bad.batch = 2;
-  refused("partial.batch", [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
-  bad = r.scores(4);
-  bad.capacity = capacity - 1;
-  refused("partial.capacity", [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
-  bad = r.scores(1);  // fewer heads than this rank holds
-  refused("partial.kv_heads", [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
-  bad = r.scores(4);
-  bad.values = {r.partial.data(), r.partial.size() - 1};
-  refused("partial.values", [&] { sh::host::local_scores(policy, r.caches[0].view(), r.model, 4, bad); });
-  CHECK(r.partial == before);  // nothing written
+  using scores = sh::partial_scores<host>;
+  refused("partial.layers", [](scores& s) { s.layers = 1; });
+  refused("partial.batch", [](scores& s) { s.batch = 2; });
+  refused("partial.capacity", [&](scores& s) { s.capacity = capacity - 1; });
+  refused("partial.kv_heads", [](scores& s) { s.kv_heads = 1; });  // fewer heads than this rank holds
+  refused("partial.values", [](scores& s) { s.values = {s.values.data(), s.values.size() - 1}; });
   // The reduced buffer must not share bytes with what select writes.
-  auto sel = r.selection(8);
-  bad = r.scores(4);
-  bad.values = {reinterpret_cast<float*>(r.workspace->data()), r.partial.size()};
-  refused("workspace", [&] {
-    sh::host::select(policy, r.caches[0].view(), r.model, 4, bad, r.workspace->span(), sel);
-  });
-  bad = r.scores(4);
-  bad.kv_heads = 0;
-  refused("reduced.kv_heads", [&] {
-    sh::host::select(policy, r.caches[0].view(), r.model, 4, bad, r.workspace->span(), sel);
-  });
+  refused("workspace", [&](scores& s) { s.values = {reinterpret_cast<float*>(r.workspace->data()), s.values.size()}; },
+          true);
+  refused("reduced.kv_heads", [](scores& s) { s.kv_heads = 0; }, true);
 }

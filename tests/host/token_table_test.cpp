@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "slot_list_engine.hpp"
 #include "support.hpp"
 
 namespace {
@@ -139,19 +140,10 @@ run_record run(const Policy& policy, const scenario& sc, bool table_only) {
       }
       qo[b + 1] = qo[b] + q;
     }
-    std::int32_t used = 0, columns = 1;
-    indptr[0] = 0;
-    for (std::int32_t b = 0; b < B; ++b) {
-      const std::int32_t r = rows[b];
-      const auto n = r >= 0 ? static_cast<std::int32_t>(cells_of[r].size()) : 0;
-      for (std::int32_t i = 0; i < n; ++i) indices[used + i] = cells_of[r][i];
-      used += n;
-      indptr[b + 1] = used;
-      last[b] = n > 0 ? 1 : 0;
-      columns = std::max(columns, n);
-      pinned[b] = std::min(n, static_cast<std::int32_t>(h(6, b) % 3));
-    }
-    std::fill(indices.begin() + used, indices.end(), -5);  // unused entries: never read
+    const std::int32_t columns = build_cell_table(cells_of, rows.data(), B, indptr.data(), indices.data(), last.data());
+    for (std::int32_t b = 0; b < B; ++b)
+      pinned[b] = std::min(indptr[b + 1] - indptr[b], static_cast<std::int32_t>(h(6, b) % 3));
+    std::fill(indices.begin() + indptr[B], indices.end(), -5);  // unused entries: never read
 
     const sh::host_span<const std::int32_t> indptr_s(indptr.data(), indptr.size()),
         indices_s(indices.data(), indices.size()), last_s(last.data(), last.size()), rows_s(rows.data(), rows.size()),
@@ -165,21 +157,11 @@ run_record run(const Policy& policy, const scenario& sc, bool table_only) {
 
     // Every layer: probabilities (rows summing to 1 over the visible slots).
     for (std::int32_t l = 0; l < L; ++l) {
-      probs.assign(static_cast<std::size_t>(qo[B]) * q_heads * columns, 0.0f);
+      fill_causal_probabilities(probs, indptr.data(), qo.data(), B, q_heads, columns,
+                                [&](std::int32_t b, std::int32_t qh, std::int32_t j, std::int32_t t) {
+                                  return 0.01f + static_cast<float>(unit(h(7 + l, (qh * 64 + j) * 4096 + b * 512 + t)));
+                                });
       const auto pv = sh::probability_view<host>::ragged({probs.data(), probs.size()}, qo_s, q_heads, columns);
-      for (std::int32_t b = 0; b < B; ++b) {
-        const std::int32_t len = indptr[b + 1] - indptr[b], q_len = qo[b + 1] - qo[b];
-        for (std::int32_t qh = 0; qh < q_heads; ++qh)
-          for (std::int32_t j = 0; j < q_len; ++j) {
-            // Ragged, token-major [token][q_heads][columns].
-            float* row = probs.data() + (static_cast<std::size_t>(qo[b] + j) * q_heads + qh) * columns;
-            const std::int32_t visible = len - q_len + j + 1;
-            float sum = 0.0f;
-            for (std::int32_t t = 0; t < visible; ++t)
-              sum += row[t] = 0.01f + static_cast<float>(unit(h(7 + l, (qh * 64 + j) * 4096 + b * 512 + t)));
-            for (std::int32_t t = 0; t < visible; ++t) row[t] /= sum;
-          }
-      }
       if constexpr (Policy::observation::needs_attention) {
         if (table_only)
           sh::host::observe_probabilities(policy, table, step_model.layer(l), pv);
@@ -340,11 +322,34 @@ TEST_CASE("token_table_view: a bad table is refused by name, nothing written", "
                                          {slots.data(), slots.size()},
                                          {},
                                          {{new_lengths.data(), new_lengths.size()}, {freed.data(), freed.size()}}};
+  enum class call { admit, observe, select, forget };
+  const auto call_on = [&](call c, const sh::host_token_table_view& t) {
+    switch (c) {
+      case call::admit:
+        sh::host::admit(p, t, model.layer(0));
+        break;
+      case call::observe:
+        sh::host::observe_probabilities(p, t, model.layer(0), pv);
+        break;
+      case call::select:
+        sh::host::select(p, t, model, 4, ws.span(), sel);
+        break;
+      case call::forget:
+        sh::host::forget(p, t, model.layer(0), sel);
+        break;
+    }
+  };
   const auto all_calls = [&](const char* argument) {
-    refused(argument, [&] { sh::host::admit(p, table(), model.layer(0)); });
-    refused(argument, [&] { sh::host::observe_probabilities(p, table(), model.layer(0), pv); });
-    refused(argument, [&] { sh::host::select(p, table(), model, 4, ws.span(), sel); });
-    refused(argument, [&] { sh::host::forget(p, table(), model.layer(0), sel); });
+    for (call c : {call::admit, call::observe, call::select, call::forget})
+      refused(argument, [&] { call_on(c, table()); });
+  };
+  // One call on the table as `change` leaves it.
+  const auto refused_changed = [&](const char* argument, call c, auto&& change) {
+    refused(argument, [&] {
+      auto t = table();
+      change(t);
+      call_on(c, t);
+    });
   };
   SECTION("indptr not from 0") {
     indptr[0] = 1;
@@ -371,36 +376,14 @@ TEST_CASE("token_table_view: a bad table is refused by name, nothing written", "
     all_calls("cache.indices");
   }
   SECTION("shape") {
-    refused("cache.page_size", [&] {
-      auto t = table();
-      t.page_size = 0;
-      sh::host::admit(p, t, model.layer(0));
-    });
-    refused("cache.num_pages", [&] {
-      auto t = table();
-      t.num_pages = 0;
-      sh::host::select(p, t, model, 4, ws.span(), sel);
-    });
-    refused("cache.indptr", [&] {
-      auto t = table();
-      t.indptr = {indptr.data(), 2};
-      sh::host::forget(p, t, model.layer(0), sel);
-    });
-    refused("cache.last_page_len", [&] {
-      auto t = table();
-      t.last_page_len = {};
-      sh::host::observe_probabilities(p, t, model.layer(0), pv);
-    });
-    refused("state.shape.kv_heads", [&] {
-      auto t = table();
-      t.kv_heads = 3;
-      sh::host::admit(p, t, model.layer(0));
-    });
-    refused("cache.indptr", [&] {
-      auto t = table();
-      t.max_pages_per_sequence = 2;  // sequence 0 holds 3 cells
-      sh::host::admit(p, t, model.layer(0));
-    });
+    using table_t = sh::host_token_table_view;
+    refused_changed("cache.page_size", call::admit, [](table_t& t) { t.page_size = 0; });
+    refused_changed("cache.num_pages", call::select, [](table_t& t) { t.num_pages = 0; });
+    refused_changed("cache.indptr", call::forget, [&](table_t& t) { t.indptr = {indptr.data(), 2}; });
+    refused_changed("cache.last_page_len", call::observe, [](table_t& t) { t.last_page_len = {}; });
+    refused_changed("state.shape.kv_heads", call::admit, [](table_t& t) { t.kv_heads = 3; });
+    // Sequence 0 holds 3 cells.
+    refused_changed("cache.indptr", call::admit, [](table_t& t) { t.max_pages_per_sequence = 2; });
   }
 }
 

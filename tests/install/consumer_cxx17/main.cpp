@@ -20,17 +20,9 @@ int main() {
   std::vector<float> k(capacity * head_dim), v(capacity * head_dim);
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = v[i] = static_cast<float>(i / head_dim);  // row t holds t
   const std::int32_t lengths[1] = {5};
-  sh::contiguous_cache cache;
-  cache.k = k.data();
-  cache.k_size = k.size();
-  cache.v = v.data();
-  cache.v_size = v.size();
-  cache.k_layout = cache.v_layout = br::kv_layout::nhd(capacity, 1, head_dim);
-  cache.lengths = lengths;
-  cache.batch = 1;
-  cache.kv_heads = 1;
-  cache.head_dim = head_dim;
-  cache.capacity = capacity;
+  const auto layout = br::kv_layout::nhd(capacity, 1, head_dim);
+  const sh::contiguous_cache cache{k.data(), k.size(), v.data(), v.size(), layout,  layout,
+                                   lengths,  1,        1,        head_dim, capacity};
   br::settings settings;
   bool ok = sh::default_settings(&settings).ok();  // the preset's numbers, then ours
   settings.recent = 1;
