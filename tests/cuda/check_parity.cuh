@@ -30,8 +30,6 @@ namespace check_parity_tests {
 using namespace harness;
 namespace sh = scissorhands;
 namespace kd = sh::cuda::detail;
-constexpr auto host_space = sh::memory_space::host;
-constexpr auto device_space = sh::memory_space::device;
 
 // A batch of one sequence of 10 tokens, state row 0 tracking all of them.
 // Contiguous: capacity 32. Paged: page size 4, pages 5, 1, 2 of a pool of 8,

@@ -57,13 +57,8 @@ struct fault_case {
         d_state(sh::state_bytes(shape_of())) {
     policy = make_policy();
     std::mt19937_64 rng(7);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    hk.resize(dk.size());
-    hv.resize(dv.size());
-    for (auto& x : hk) x = u(rng);
-    for (auto& x : hv) x = u(rng);
-    dk.upload(hk);
-    dv.upload(hv);
+    fill_uploaded(hk, dk, rng);
+    fill_uploaded(hv, dv, rng);
     h_probs.assign(d_probs.size(), 1.0f / 32.0f);
     d_probs_vals = h_probs;
     d_probs.upload(d_probs_vals);
@@ -429,37 +424,20 @@ int run_error_tests() {
                  "ragged: an empty sequence is skipped, one without queries is admitted without a step");
   }
 
-  // The whole batch.
-  batch_fault("state_rows entry out of range", sh::cuda::status_state_rows, {2, 3},
-              [](fault_case& c) {
-                c.map = {2, 7, 3};
-                c.upload();
-              },
-              [](fault_case& c) { return c.device_call(op::observe); });
-  batch_fault("state_rows entry below -1", sh::cuda::status_state_rows, {2, 3},
-              [](fault_case& c) {
-                c.map = {2, -2, 3};
-                c.upload();
-              },
-              [](fault_case& c) { return c.device_call(op::admit); });
-  batch_fault("a state row used twice", sh::cuda::status_state_rows, {0, 2},
-              [](fault_case& c) {
-                c.map = {2, 0, 2};
-                c.upload();
-              },
-              [](fault_case& c) { return c.device_call(op::observe); });
-  batch_fault("a state row used twice (compress)", sh::cuda::status_state_rows, {0, 2},
-              [](fault_case& c) {
-                c.map = {2, 0, 2};
-                c.upload();
-              },
-              [](fault_case& c) { return c.device_call(op::compress); }, true);
-  batch_fault("a padding slot holding tokens", sh::cuda::status_state_rows, {2, 3},
-              [](fault_case& c) {
-                c.map = {2, -1, 3};
-                c.upload();
-              },
-              [](fault_case& c) { return c.device_call(op::observe); });
+  // The whole batch: a broken state_rows mapping (remap), then one call.
+  const auto remap = [](std::vector<std::int32_t> map) {
+    return [map](fault_case& c) {
+      c.map = map;
+      c.upload();
+    };
+  };
+  const auto call = [](op o) { return [o](fault_case& c) { return c.device_call(o); }; };
+  const std::uint32_t rows_bit = sh::cuda::status_state_rows;
+  batch_fault("state_rows entry out of range", rows_bit, {2, 3}, remap({2, 7, 3}), call(op::observe));
+  batch_fault("state_rows entry below -1", rows_bit, {2, 3}, remap({2, -2, 3}), call(op::admit));
+  batch_fault("a state row used twice", rows_bit, {0, 2}, remap({2, 0, 2}), call(op::observe));
+  batch_fault("a state row used twice (compress)", rows_bit, {0, 2}, remap({2, 0, 2}), call(op::compress), true);
+  batch_fault("a padding slot holding tokens", rows_bit, {2, 3}, remap({2, -1, 3}), call(op::observe));
   batch_fault("qo_indptr starting below 0", sh::cuda::status_qo_indptr, {0, 2, 3}, [](fault_case&) {},
               [](fault_case& c) {
                 query_inputs in;

@@ -84,10 +84,7 @@ namespace differential {
 
 config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) {
   config c;
-  c.index = index;
-  c.dtype = uniform(rng, 0, 2);
-  c.layout = uniform(rng, 0, 3);
-  c.policy = uniform(rng, 0, num_policies - 1);
+  draw_kind(rng, c, index, 3, num_policies);
   c.path = policy_has_queries(c.policy) ? uniform(rng, 0, 3) : 0;
   const bool queries = c.path != 0;
   // One in 16 has a head longer than the selection's shared-memory tile.
@@ -111,15 +108,11 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
                        : pick(rng, {8, 16, 64, 128, 3, 5, 12, 256});
   if (long_head) c.head_dim = pick(rng, {8, 16, 64});
   if (wide) c.head_dim = pick(rng, {8, 16});
-  c.recent = uniform(rng, 0, 6);
-  c.sinks = coin(rng, 0.3) ? uniform(rng, 1, 3) : 0;
-  const int protect = c.recent + c.sinks;
-  c.budget = long_head ? uniform(rng, 4200, 5200)
-              : wide    ? uniform(rng, 2100, 2600)
-                        : protect + uniform(rng, 1, quick ? 20 : 60);
-  c.m = coin(rng, 0.4) ? 1 : uniform(rng, 1, c.budget - protect);
-  c.capacity = c.budget + (long_head ? uniform(rng, 200, 900) : uniform(rng, 3, 40));
-  c.page_size = pick(rng, {1, 2, 4, 5, 16});
+  draw_sizes(rng, c, long_head, 40, [&](int protect) {
+    return long_head ? uniform(rng, 4200, 5200)
+           : wide    ? uniform(rng, 2100, 2600)
+                     : protect + uniform(rng, 1, quick ? 20 : 60);
+  });
   c.window = pick(rng, {1, 3, 8, 33, 64});
   c.alpha = pick(rng, {0.5f, 1.0f, 2.0f});
   c.decay = pick(rng, {0.5f, 0.9f, 1.0f});
@@ -135,45 +128,31 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   c.token_major = coin(rng);
   c.tight_state = coin(rng, 0.3);
   c.steps = long_head || wide ? 2 : uniform(rng, 2, 5);
-  c.seed = static_cast<std::uint32_t>(rng());
-  if (c.preserve_order && coin(rng, 0.4)) {
-    c.pool_width = pick(rng, {3, 5, 9});
-    c.pool_max = coin(rng);
-  }
+  draw_seed_and_pooling(rng, c);
   return c;
 }
 
 bool run_config(const config& c, mismatch_log& log) {
-  try {
-    switch (c.dtype) {
-      case 0: return run_fp32(c, log);
-      case 1: return run_fp16(c, log);
-      default: return run_bf16(c, log);
-    }
-  } catch (const std::exception& e) {
-    log.add_host("unexpected exception: ", e.what());
-    return false;
+  switch (c.dtype) {
+    case 0: return run_fp32(c, log);
+    case 1: return run_fp16(c, log);
+    default: return run_bf16(c, log);
   }
 }
 
 int run_differential(int configs, std::uint64_t seed, bool quick, int long_first) {
-  std::mt19937_64 rng(seed);
-  int failed = 0;
   int by_path[4] = {0, 0, 0, 0}, by_layout[4] = {0, 0, 0, 0}, by_dtype[3] = {0, 0, 0};
   int mapped = 0, ragged = 0, tight = 0;
-  for (int i = 0; i < configs; ++i) {
-    const config c = make_config(rng, i, quick, long_first);
-    mismatch_log log;
-    if (!run_config(c, log)) {
-      if (++failed <= 10) std::printf("FAIL %s\n%s", c.describe().c_str(), log.text.str().c_str());
-    }
-    ++by_path[c.path];
-    ++by_layout[c.layout];
-    ++by_dtype[c.dtype];
-    mapped += c.mapped;
-    ragged += c.ragged;
-    tight += c.tight_state;
-  }
+  const int failed = run_configs(
+      configs, seed, [&](std::mt19937_64& rng, int i) { return make_config(rng, i, quick, long_first); }, run_config,
+      [&](const config& c) {
+        ++by_path[c.path];
+        ++by_layout[c.layout];
+        ++by_dtype[c.dtype];
+        mapped += c.mapped;
+        ragged += c.ragged;
+        tight += c.tight_state;
+      });
   std::printf("differential: %d of %d configurations passed (paths: probabilities %d, queries+lse %d, "
               "queries+lse2 %d, queries %d; layouts NHD %d, HND %d, paged NHD %d, paged HND %d; fp32 %d, fp16 %d, "
               "bf16 %d; state rows %d, ragged %d, tight state %d)\n",
@@ -191,49 +170,32 @@ using namespace differential;
 #include "quantized.cuh"      // quantized_tests::run_differential, run_checks
 
 int main(int argc, char** argv) {
-  int configs = 1200, graph_steps = 96, long_first = 0;
-  std::uint64_t seed = 20230517;
-  std::string only;
-  bool quick = false, host_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--configs") configs = std::stoi(next());
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--graph-steps") graph_steps = std::stoi(next());
-    else if (a == "--only") only = next();
-    else if (a == "--quick") quick = true;
-    else if (a == "--host-only") host_only = true;
-    else if (a == "--long") long_first = std::stoi(next());
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,"
-                   "wide_elements,quantized,quantized_checks,argmin,check_parity] [--quick] [--long N] [--host-only]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (quick) {
-    configs = std::min(configs, 24);
+  int graph_steps = 96;
+  suite_options o = parse_options(
+      argc, argv, 1200,
+      "[--configs N] [--seed S] [--graph-steps N] [--only differential,errors,shrink,graph,wide_elements,quantized,"
+      "quantized_checks,argmin,check_parity] [--quick] [--long N] [--host-only]",
+      [&](const std::string& a, auto& next) {
+        if (a != "--graph-steps") return false;
+        graph_steps = std::stoi(next());
+        return true;
+      });
+  if (o.quick) {
+    o.configs = std::min(o.configs, 24);
     graph_steps = std::min(graph_steps, 8);
   }
-  start(argv[0], seed, host_only);
+  start(argv[0], o.seed, o.host_only);
+  const std::string& only = o.only;
   int failures = 0;
-  failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
+  failures +=
+      run_part(only, "differential", [&] { return run_differential(o.configs, o.seed, o.quick, o.long_first); });
   failures += run_part(only, "errors", [] { return run_error_tests(); });
-  failures += run_part(only, "shrink", [&] { return run_shrink_tests(seed, quick); });
+  failures += run_part(only, "shrink", [&] { return run_shrink_tests(o.seed, o.quick); });
   failures += run_part(only, "graph", [&] { return run_graph_test(graph_steps); });
   failures += run_part(only, "wide_elements", [] { return run_wide_elements(); });
   failures += run_part(only, "quantized", [] { return quantized_tests::run_differential(); });
   failures += run_part(only, "quantized_checks", [] { return quantized_tests::run_checks(); });
   failures += run_part(only, "argmin", [] { return argmin_tests::run(); });
   failures += run_part(only, "check_parity", [] { return check_parity_tests::run(); });
-  std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
-  return failures == 0 ? 0 : 1;
+  return finish(failures);
 }

@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,8 @@
 namespace harness {
 
 namespace sh = scissorhands;
+constexpr auto host_space = sh::memory_space::host;
+constexpr auto device_space = sh::memory_space::device;
 
 // A host-only run (--host-only; CTest's cuda.*.host_only entries, in CI
 // on machines without a GPU) hides every device from the CUDA runtime and
@@ -91,6 +94,49 @@ inline void start(const char* binary, std::uint64_t seed, bool host_only) {
   const char* pdl = !sh::cuda::programmatic_launch_requested() ? "off" : programmatic ? "on" : off_here;
   std::printf("device %d: %s (sm_%d%d), seed %llu, programmatic dependent launch (SCISSORHANDS_PDL=1): %s\n", device,
               prop.name, prop.major, prop.minor, static_cast<unsigned long long>(seed), pdl);
+}
+
+// The command line of both binaries: --configs N, --seed S, --only LIST,
+// --quick, --long N, --host-only, and what `extra(option, next)` takes (it
+// returns whether it took `option`; next() reads its value). Anything else
+// prints "usage: <binary> <usage>" and exits 2.
+struct suite_options {
+  int configs = 0, long_first = 0;
+  std::uint64_t seed = 20230517;
+  std::string only;
+  bool quick = false, host_only = false;
+};
+template <class Extra>
+suite_options parse_options(int argc, char** argv, int configs, const char* usage, Extra&& extra) {
+  suite_options o;
+  o.configs = configs;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--configs") o.configs = std::stoi(next());
+    else if (a == "--seed") o.seed = std::stoull(next());
+    else if (a == "--only") o.only = next();
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--host-only") o.host_only = true;
+    else if (a == "--long") o.long_first = std::stoi(next());
+    else if (!extra(a, next)) {
+      std::fprintf(stderr, "usage: %s %s\n", argv[0], usage);
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+// Ends a suite: prints its verdict and returns its exit status.
+inline int finish(int failures) {
+  std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
 }
 
 // Whether --only (one part or a comma-separated list; empty: every part)
@@ -173,6 +219,14 @@ class device_buffer {
   std::size_t n_ = 0;
 };
 
+// A host array of uniform(-1, 1) draws, uploaded to its device twin.
+inline void fill_uploaded(std::vector<float>& h, const device_buffer<float>& d, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  h.resize(d.size());
+  for (auto& x : h) x = u(rng);
+  d.upload(h);
+}
+
 // 256-byte aligned host memory, as make_state wants.
 struct aligned_bytes {
   struct free_deleter {
@@ -217,6 +271,12 @@ inline const char* dtype_name<__half>() {
 template <>
 inline const char* dtype_name<__nv_bfloat16>() {
   return "bf16";
+}
+
+// Bitwise equality (NaN-safe).
+template <class X>
+bool same_bits(const X& a, const X& b) {
+  return std::memcmp(&a, &b, sizeof(X)) == 0;
 }
 
 // The natural log-sum-exp of scale * dot(t) over keys t < visible, in

@@ -33,14 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "harness.cuh"
+#include "cases.cuh"
 
 namespace quantized_tests {
 
 using namespace harness;
 namespace sh = scissorhands;
-constexpr auto qhost = sh::memory_space::host;
-constexpr auto qdevice = sh::memory_space::device;
 
 // One quantized cache held on the host (the host backend's) and mirrored
 // on the device: codes and parameters of K and V, lengths or a page table.
@@ -112,25 +110,24 @@ struct twin_cache {
   sh::named_layout layout() const { return hnd ? sh::named_layout::hnd : sh::named_layout::nhd; }
 
   sh::host_quantized_kv_view host_contiguous(const std::vector<std::int32_t>& l) {
-    return sh::make_quantized_kv_view<qhost>({codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()},
-                                             {params[0].data(), params[0].size()},
-                                             {params[1].data(), params[1].size()}, {l.data(), l.size()}, B, H, D,
-                                             cap, layout(), q);
+    return sh::make_quantized_kv_view<host_space>(
+        {codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()}, {params[0].data(), params[0].size()},
+        {params[1].data(), params[1].size()}, {l.data(), l.size()}, B, H, D, cap, layout(), q);
   }
   sh::host_quantized_paged_kv_view host_paged() {
-    return sh::make_quantized_paged_kv_view<qhost>(
+    return sh::make_quantized_paged_kv_view<host_space>(
         {codes[0].data(), codes[0].size()}, {codes[1].data(), codes[1].size()}, {params[0].data(), params[0].size()},
         {params[1].data(), params[1].size()}, {indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-        {last.data(), last.size()}, B, H, D, page_size, num_pages, max_pages, q, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+        {last.data(), last.size()}, B, H, D, page_size, num_pages, max_pages, q, layout());
   }
   sh::device_quantized_kv_view device_contiguous() const {
-    return sh::make_quantized_kv_view<qdevice>(d_codes[0].span(), d_codes[1].span(), d_params[0].span(),
-                                               d_params[1].span(), {d_len.data(), B}, B, H, D, cap, layout(), q);
+    return sh::make_quantized_kv_view<device_space>(d_codes[0].span(), d_codes[1].span(), d_params[0].span(),
+                                                    d_params[1].span(), {d_len.data(), B}, B, H, D, cap, layout(), q);
   }
   sh::device_quantized_paged_kv_view device_paged() const {
-    return sh::make_quantized_paged_kv_view<qdevice>(
+    return sh::make_quantized_paged_kv_view<device_space>(
         d_codes[0].span(), d_codes[1].span(), d_params[0].span(), d_params[1].span(), {d_indptr.data(), B + 1},
-        {d_indices.data(), indices.size()}, {d_last.data(), B}, B, H, D, page_size, num_pages, max_pages, q, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+        {d_indices.data(), indices.size()}, {d_last.data(), B}, B, H, D, page_size, num_pages, max_pages, q, layout());
   }
   // f(host view, device view) with the views of this cache's kind.
   template <class F>
@@ -204,15 +201,10 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
   policy.config.compaction_mode = qc.preserve_order ? sh::compaction::preserve_order : sh::compaction::fill_holes;
   twin_cache c(D, qc.q, qc.paged, qc.hnd, seed);
   std::mt19937_64 rng(seed + 1);
-  const sh::state_shape shape{B, H, twin_cache::cap, policy.ring_words()};
-  const std::size_t state_bytes = sh::state_bytes(shape);
-  aligned_bytes h_state_buf(state_bytes), d_snap_buf(state_bytes);
-  device_buffer<std::byte> d_state_buf(state_bytes);
-  const auto hst = sh::make_state(h_state_buf.span(), shape);
-  const auto dst = sh::make_state(d_state_buf.span(), shape);
-  const auto dsnap = sh::make_state(d_snap_buf.span(), shape);
-  sh::host::reset_state(hst);
-  CUDA_CHECK(sh::cuda::reset_state(dst));
+  const twin_state state({B, H, twin_cache::cap, policy.ring_words()});
+  const sh::state_shape& shape = state.shape;
+  const auto &hst = state.host, &dsnap = state.snapshot;
+  const auto& dst = state.device;
   std::size_t d_ws_bytes = 0;
   c.with_views([&](auto, auto dv) {
     CUDA_CHECK(sh::cuda::compress(nullptr, d_ws_bytes, policy, dv, dst, budget, {}));
@@ -243,17 +235,17 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
     for (auto& x : queries) x = std::uniform_real_distribution<float>(-1.5f, 1.5f)(rng);
     device_buffer<float> d_queries(queries.size());
     d_queries.upload(queries);
-    const auto hq = sh::query_view<float, qhost>::dense({queries.data(), queries.size()}, QH, q_len, D);
-    const auto dq = sh::query_view<float, qdevice>::dense({d_queries.data(), queries.size()}, QH, q_len, D);
+    const auto hq = sh::query_view<float, host_space>::dense({queries.data(), queries.size()}, QH, q_len, D);
+    const auto dq = sh::query_view<float, device_space>::dense({d_queries.data(), queries.size()}, QH, q_len, D);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     std::vector<float> lse;
     device_buffer<float> d_lse;
-    sh::lse_view<qhost> hl{};
-    sh::lse_view<qdevice> dl{};
+    sh::lse_view<host_space> hl{};
+    sh::lse_view<device_space> dl{};
     if (with_lse) {
       // The attention kernel's log-sum-exp over the dequantized keys.
       lse.resize(static_cast<std::size_t>(B) * QH * q_len);
-      hl = sh::lse_view<qhost>::dense({lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
+      hl = sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
       c.with_views([&](auto hv, auto) {
         std::vector<float> k(static_cast<std::size_t>(D));
         for (int b = 0; b < B; ++b)
@@ -270,22 +262,22 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
       });
       d_lse = device_buffer<float>(lse.size());
       d_lse.upload(lse);
-      dl = sh::lse_view<qdevice>::dense({d_lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
+      dl = sh::lse_view<device_space>::dense({d_lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
     }
     c.with_views([&](auto hv, auto dv) {
       sh::host::observe_queries(policy, hv, hst, hq, hl);
       CUDA_CHECK(sh::cuda::observe_queries(policy, dv, dst, dq, dl));
     });
     CUDA_CHECK(cudaDeviceSynchronize());
-    d_state_buf.download(d_snap_buf.data(), state_bytes);
-    if (!differential::status_clear("observe", dsnap, log)) return false;
-    std::vector<differential::row_slots> rows;
+    state.download();
+    if (!status_clear("observe", dsnap, log)) return false;
+    std::vector<row_slots> rows;
     for (int b = 0; b < B; ++b) rows.push_back({b, c.lengths[b]});
-    const differential::score_rule after_observe{static_policy, Policy::observation::binary};
-    if (!differential::compare_state("after observe", hst, dsnap, rows, after_observe, static_policy, log))
+    const score_rule after_observe{static_policy, Policy::observation::binary};
+    if (!compare_state("after observe", hst, dsnap, rows, after_observe, static_policy, log))
       return false;
     // Compress from identical inputs.
-    d_state_buf.upload(h_state_buf.data(), state_bytes);
+    state.upload();
 
     // 3. Compress.
     std::fill(h_new.begin(), h_new.end(), -7);
@@ -299,14 +291,14 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
       CUDA_CHECK(sh::cuda::compress(d_ws.data(), d_ws_bytes, policy, dv, dst, budget, {d_new.span(), d_freed.span()}));
     });
     CUDA_CHECK(cudaDeviceSynchronize());
-    d_state_buf.download(d_snap_buf.data(), state_bytes);
-    if (!differential::status_clear("compress", dsnap, log)) return false;
+    state.download();
+    if (!status_clear("compress", dsnap, log)) return false;
     if (d_new.download() != h_new) log.add("compress: new_lengths differ at step ", step);
     if (d_freed.download() != h_freed) log.add("compress: freed_pages differ at step ", step);
     if (!log.ok()) return false;
     rows.clear();
     for (int b = 0; b < B; ++b) rows.push_back({b, h_new[b]});
-    if (!differential::compare_state("after compress", hst, dsnap, rows, differential::score_rule{}, true, log))
+    if (!compare_state("after compress", hst, dsnap, rows, score_rule{}, true, log))
       return false;
     c.with_views([&](auto hv, auto) { compare_rows(hv, c, h_new, log); });
     if (!log.ok()) {
@@ -385,8 +377,8 @@ struct params_fault {
   sh::state_shape shape{B, H, twin_cache::cap, Policy{}.ring_words()};
   aligned_bytes h_state{sh::state_bytes(shape)}, d_snap{sh::state_bytes(shape)};
   device_buffer<std::byte> d_state{sh::state_bytes(shape)};
-  sh::eviction_state<qhost> hst = sh::make_state(h_state.span(), shape);
-  sh::eviction_state<qdevice> dst = sh::make_state(d_state.span(), shape);
+  sh::eviction_state<host_space> hst = sh::make_state(h_state.span(), shape);
+  sh::eviction_state<device_space> dst = sh::make_state(d_state.span(), shape);
   std::vector<float> queries = std::vector<float>(static_cast<std::size_t>(B) * QH * D, 0.25f);
   device_buffer<float> d_queries{queries.size()};
   std::mt19937_64 rng{5};
@@ -411,8 +403,8 @@ struct params_fault {
   void observe(int bad) {
     std::vector<std::int32_t> l = c.lengths, rows{0, 1, 2};
     if (bad >= 0) l[bad] = 0, rows[bad] = -1;
-    const auto hq = sh::query_view<float, qhost>::dense({queries.data(), queries.size()}, QH, 1, D);
-    const auto dq = sh::query_view<float, qdevice>::dense({d_queries.data(), queries.size()}, QH, 1, D);
+    const auto hq = sh::query_view<float, host_space>::dense({queries.data(), queries.size()}, QH, 1, D);
+    const auto dq = sh::query_view<float, device_space>::dense({d_queries.data(), queries.size()}, QH, 1, D);
     sh::host::observe_queries(policy, c.host_contiguous(l), hst.for_batch({rows.data(), rows.size()}), hq);
     CUDA_CHECK(sh::cuda::observe_queries(policy, c.device_contiguous(), dst, dq));
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -423,7 +415,7 @@ struct params_fault {
     std::string argument, message;
   };
   refusal host_refusal() {
-    const auto hq = sh::query_view<float, qhost>::dense({queries.data(), queries.size()}, QH, 1, D);
+    const auto hq = sh::query_view<float, host_space>::dense({queries.data(), queries.size()}, QH, 1, D);
     aligned_bytes copy(sh::state_bytes(shape));
     std::memcpy(copy.data(), h_state.data(), sh::state_bytes(shape));
     try {
@@ -446,7 +438,7 @@ struct params_fault {
     CUDA_CHECK(cudaMemcpy(w.data(), dst.status, sizeof(std::uint32_t) * B, cudaMemcpyDeviceToHost));
     return w;
   }
-  sh::eviction_state<qhost> device_snapshot() {
+  sh::eviction_state<host_space> device_snapshot() {
     d_state.download(d_snap.data(), sh::state_bytes(shape));
     return sh::make_state(d_snap.span(), shape);
   }
@@ -490,13 +482,13 @@ inline int run_checks() {
     // The faulty row untouched, the others the host's (within rounding).
     const auto after = f.device_snapshot();
     mismatch_log log;
-    differential::compare_state("faulty row", sh::make_state(before.span(), f.shape), after,
-                                {{bad, f.c.lengths[bad]}}, differential::score_rule{}, true, log);
-    std::vector<differential::row_slots> others;
+    compare_state("faulty row", sh::make_state(before.span(), f.shape), after, {{bad, f.c.lengths[bad]}}, score_rule{},
+                  true, log);
+    std::vector<row_slots> others;
     for (int b = 0; b < f.B; ++b)
       if (b != bad) others.push_back({b, f.c.lengths[b]});
     const bool exact = !P::observation::needs_attention;
-    differential::compare_state("other rows", f.hst, after, others, {exact, P::observation::binary}, exact, log);
+    compare_state("other rows", f.hst, after, others, {exact, P::observation::binary}, exact, log);
     tally.device(log.ok(), what + ": the faulty row untouched, the others the host's\n" + log.text.str());
   };
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();

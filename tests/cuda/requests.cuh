@@ -14,6 +14,13 @@
 
 namespace harness {
 
+// A batch's lengths (contiguous cache) and page table (paged), in one
+// memory space.
+template <sh::memory_space S>
+struct kv_table {
+  sh::span<const std::int32_t, S> lengths, indptr, indices, last;
+};
+
 struct request_batch {
   int batch = 0, page_size = 1;
   bool paged = false;
@@ -77,6 +84,14 @@ struct request_batch {
   int len_at(int b) const {
     const int q = request_at_[b];
     return q < 0 ? 0 : len[q];
+  }
+  kv_table<host_space> host_table() const {
+    return {{h_lengths.data(), h_lengths.size()}, {h_indptr.data(), h_indptr.size()},
+            {h_indices.data(), h_indices.size()}, {h_last.data(), h_last.size()}};
+  }
+  kv_table<device_space> device_table() const {
+    return {{d_lengths.data(), d_lengths.size()}, {d_indptr.data(), d_indptr.size()},
+            {d_indices.data(), d_indices.size()}, {d_last.data(), d_last.size()}};
   }
   void sync() {
     const auto who = at_position();

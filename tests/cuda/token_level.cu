@@ -71,8 +71,7 @@
 #include <vector>
 
 #include "../engine/one_api_engine.hpp"
-#include "harness.cuh"
-#include "requests.cuh"
+#include "cases.cuh"
 
 // The engine of one_api_engine.hpp holds its device arrays in the harness's
 // buffers (host memory in a host-only run).
@@ -91,8 +90,6 @@ namespace {
 
 using namespace harness;
 namespace sh = scissorhands;
-constexpr auto host_space = sh::memory_space::host;
-constexpr auto device_space = sh::memory_space::device;
 
 // ---------------------------------------------------------------------------
 // Policies and granularities under test
@@ -113,59 +110,27 @@ const char* const granularity_names[num_granularities] = {"shared_heads<mean>", 
                                                           "shared_layers<mean,mean>", "shared_layers<max,mean>",
                                                           "shared_layers<mean,max>"};
 
-template <class X>
-bool same_bits(const X& a, const X& b) {
-  return std::memcmp(&a, &b, sizeof(X)) == 0;
-}
-template <class T>
-T pick(std::mt19937_64& rng, std::initializer_list<T> options) {
-  std::uniform_int_distribution<std::size_t> d(0, options.size() - 1);
-  return *(options.begin() + d(rng));
-}
-int uniform(std::mt19937_64& rng, int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
-bool coin(std::mt19937_64& rng, double p = 0.5) { return std::bernoulli_distribution(p)(rng); }
-
 // ---------------------------------------------------------------------------
-struct config {
-  int index = 0;
-  int dtype = 0;   // 0 fp32, 1 fp16
-  int layout = 0;  // 0 NHD, 1 HND, 2 paged NHD, 3 paged HND
-  int policy = 0, granularity = 0;
+// dtype: 0 fp32, 1 fp16.
+struct config : case_config {
+  int granularity = 0;
   bool forget = false;  // shared_layers: forget instead of compact
-  int batch = 1, layers = 1, kv_heads = 1, group = 1, head_dim = 8;
-  int capacity = 16, page_size = 4, budget = 8, m = 1, recent = 0, sinks = 0, window = 8, steps = 3;
+  int layers = 1;
   int stride_extra = 0;
-  float alpha = 1.0f, decay = 0.9f;
-  bool normalize = false, preserve_order = false, ties = false, pinned = false, mapped = false;
-  bool cache_slots = true, freed_for_contiguous = false, tight_state = false;
-  std::uint32_t seed = 0;
-  int pool_width = 1;     // SnapKV pooling (preserve_order only)
-  bool pool_max = false;  // max pooling, else mean
+  bool pinned = false, cache_slots = true;
 
   std::string describe() const {
     static const char* dtypes[] = {"fp32", "fp16"};
-    static const char* layouts[] = {"NHD", "HND", "paged-NHD", "paged-HND"};
-    char buf[640];
-    std::snprintf(buf, sizeof buf,
-                  "config %d: %s %s %s %s%s, batch %d%s, layers %d, kv_heads %d, group %d, head_dim %d, "
-                  "capacity %d%s, page %d, budget %d, m %d, recent %d, sinks %d, window %d, alpha %g, decay %g, "
-                  "normalize %d, %s, ties %d, pinned %d, cache_slots %d, stride +%d, pool %d %s, steps %d, seed %u",
-                  index, dtypes[dtype], layouts[layout], policy_names[policy], granularity_names[granularity],
-                  granularity >= 2 ? (forget ? " via forget" : " via compact") : "", batch,
-                  mapped ? " (state rows)" : "", layers, kv_heads, group, head_dim, capacity,
-                  tight_state ? " (tight state)" : "", page_size, budget, m, recent, sinks, window, alpha, decay,
-                  normalize, preserve_order ? "preserve_order" : "fill_holes", ties, pinned, cache_slots,
-                  stride_extra, pool_width, pool_max ? "max" : "mean", steps, seed);
-    return buf;
+    return describe_as(std::string(dtypes[dtype]) + " " + policy_names[policy] + " " + granularity_names[granularity] +
+                           (granularity >= 2 ? (forget ? " via forget" : " via compact") : ""),
+                       ", layers " + std::to_string(layers) + ", pinned " + std::to_string(pinned) + ", cache_slots " +
+                           std::to_string(cache_slots) + ", stride +" + std::to_string(stride_extra));
   }
 };
 
 config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) {
   config c;
-  c.index = index;
-  c.dtype = uniform(rng, 0, 1);
-  c.layout = uniform(rng, 0, 3);
-  c.policy = uniform(rng, 0, num_policies - 1);
+  draw_kind(rng, c, index, 2, num_policies);
   c.granularity = uniform(rng, 0, num_granularities - 1);
   c.forget = coin(rng, 0.35);
   // One in 16 has a sequence longer than the selection's shared-memory tile.
@@ -175,13 +140,9 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   c.kv_heads = long_seq ? 1 : uniform(rng, 1, 3);
   c.group = pick(rng, {1, 2, 4});
   c.head_dim = long_seq ? 8 : pick(rng, {8, 16, 64, 128, 5, 12});
-  c.recent = uniform(rng, 0, 6);
-  c.sinks = coin(rng, 0.3) ? uniform(rng, 1, 3) : 0;
-  const int protect = c.recent + c.sinks;
-  c.budget = long_seq ? uniform(rng, 4200, 5200) : protect + uniform(rng, 1, quick ? 20 : 48);
-  c.m = coin(rng, 0.4) ? 1 : uniform(rng, 1, c.budget - protect);
-  c.capacity = c.budget + (long_seq ? uniform(rng, 200, 900) : uniform(rng, 3, 30));
-  c.page_size = pick(rng, {1, 2, 4, 5, 16});
+  draw_sizes(rng, c, long_seq, 30, [&](int protect) {
+    return long_seq ? uniform(rng, 4200, 5200) : protect + uniform(rng, 1, quick ? 20 : 48);
+  });
   c.window = pick(rng, {1, 3, 8, 33});
   c.alpha = pick(rng, {0.5f, 1.0f, 2.0f});
   c.decay = pick(rng, {0.5f, 0.9f, 1.0f});
@@ -195,69 +156,24 @@ config make_config(std::mt19937_64& rng, int index, bool quick, int long_first) 
   c.tight_state = coin(rng, 0.3);
   c.stride_extra = uniform(rng, 0, 2);
   c.steps = long_seq ? 2 : uniform(rng, 2, 6);
-  c.seed = static_cast<std::uint32_t>(rng());
-  if (c.preserve_order && coin(rng, 0.4)) {
-    c.pool_width = pick(rng, {3, 5, 9});
-    c.pool_max = coin(rng);
-  }
+  draw_seed_and_pooling(rng, c);
   return c;
 }
 
-// A state row to compare and how many slots of it.
-struct row_slots {
-  int row = 0, slots = 0;
-};
-
-// Every layer's listed rows: counters, and per head the first `slots`
-// slots' position, score, observed count and ring words, bit for bit.
+// Every layer's listed rows (compare_state, bit for bit; the ticket words
+// are not part of this suite's comparison).
 bool compare_model(const char* when, const sh::model_state<host_space>& h, const sh::model_state<host_space>& d,
                    const std::vector<row_slots>& rows, mismatch_log& log) {
-  for (int l = 0; l < h.layers; ++l) {
-    const auto hs = h.layer(l), ds = d.layer(l);
-    for (const row_slots& rs : rows) {
-      const int r = rs.row;
-      if (hs.step[r] != ds.step[r]) log.add(when, ": layer ", l, " step[", r, "] host ", hs.step[r], " device ", ds.step[r]);
-      if (hs.next_position[r] != ds.next_position[r])
-        log.add(when, ": layer ", l, " next_position[", r, "] host ", hs.next_position[r], " device ",
-                ds.next_position[r]);
-      if (hs.tracked[r] != ds.tracked[r])
-        log.add(when, ": layer ", l, " tracked[", r, "] host ", hs.tracked[r], " device ", ds.tracked[r]);
-      for (int head = 0; head < hs.shape.kv_heads; ++head)
-        for (int t = 0; t < rs.slots; ++t) {
-          const std::int64_t i = hs.row_index(r, head, t);
-          if (hs.positions[i] != ds.positions[i])
-            log.add(when, ": layer ", l, " position (row ", r, ",", head, ",", t, ") host ", hs.positions[i],
-                    " device ", ds.positions[i]);
-          if (!same_bits(hs.scores[i], ds.scores[i]))
-            log.add(when, ": layer ", l, " score (row ", r, ",", head, ",", t, ") host ", hs.scores[i], " device ",
-                    ds.scores[i]);
-          if (!same_bits(hs.observed[i], ds.observed[i]))
-            log.add(when, ": layer ", l, " observed (row ", r, ",", head, ",", t, ") host ", hs.observed[i],
-                    " device ", ds.observed[i]);
-          for (int w = 0; w < hs.shape.ring_words; ++w)
-            if (hs.ring_of(i)[w] != ds.ring_of(i)[w])
-              log.add(when, ": layer ", l, " ring word ", w, " of (row ", r, ",", head, ",", t, ") differs");
-        }
-    }
-  }
+  for (int l = 0; l < h.layers; ++l)
+    compare_state(std::string(when) + ": layer " + std::to_string(l), h.layer(l), d.layer(l), rows, score_rule{}, true,
+                  log, false);
   return log.ok();
 }
 
 bool status_clear(const char* when, const sh::model_state<host_space>& d, mismatch_log& log) {
-  for (int l = 0; l < d.layers; ++l) {
-    const auto s = d.layer(l);
-    for (int r = 0; r < s.shape.rows; ++r)
-      if (s.status[r] != 0)
-        log.add(when, ": layer ", l, " status word of row ", r, " is ", s.status[r], " (",
-                sh::cuda::describe_status(s.status[r]), ")");
-  }
+  for (int l = 0; l < d.layers; ++l)
+    harness::status_clear(std::string(when) + ": layer " + std::to_string(l), d.layer(l), log);
   return log.ok();
-}
-
-template <class T>
-void fill_random(std::vector<T>& v, std::mt19937_64& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (auto& x : v) x = from_float<T>(d(rng));
 }
 
 // ---------------------------------------------------------------------------
@@ -269,27 +185,13 @@ bool run_case(const config& c, mismatch_log& log) {
   constexpr bool over_layers = G::kind == sh::granularity_kind::shared_layers;
   constexpr bool attention = Policy::observation::needs_attention;
   Policy policy;
-  sh::settings& s = policy.config;
-  s.window = c.window;
-  s.recent = c.recent;
-  s.sinks = c.sinks;
-  s.evict_count = c.m;
-  s.alpha = c.alpha;
-  s.decay = c.decay;
-  s.normalize = c.normalize;
-  s.compaction_mode = c.preserve_order ? sh::compaction::preserve_order : sh::compaction::fill_holes;
-  s.seed = c.seed;
-  s.pool_width = c.pool_width;
-  s.pool_mode = c.pool_max ? sh::pooling::max : sh::pooling::mean;
+  c.apply(policy.config);
   std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 29);
 
   const int B = c.batch, L = c.layers, H = c.kv_heads, D = c.head_dim, QH = H * c.group, P = c.page_size;
-  const int max_pages = Paged ? (c.capacity + P - 1) / P : 0;
-  const int num_pages = Paged ? B * max_pages + 3 : 0;
-  const int cap = Paged ? max_pages * P : c.capacity;
-  const bool hnd = c.layout % 2 == 1;
-  const std::size_t elements = Paged ? static_cast<std::size_t>(num_pages) * P * H * D
-                                     : static_cast<std::size_t>(B) * cap * H * D;  // per layer
+  const cache_geometry geo = cache_geometry::of(c, Paged);
+  const int cap = geo.capacity;
+  const std::size_t elements = geo.elements;  // per layer
   const int state_cap = c.tight_state ? std::min(cap, c.budget + 2 + uniform(rng, 0, 6)) : cap;
   const int most = std::min(c.capacity, state_cap);
   const int protect = c.recent + c.sinks;
@@ -302,30 +204,9 @@ bool run_case(const config& c, mismatch_log& log) {
   // Requests keep their state row and pages; the scheduler places them.
   const int live = c.mapped ? uniform(rng, 1, B) : B;
   const int rows = c.mapped ? live + uniform(rng, 0, 2) : B + (coin(rng, 0.3) ? 1 : 0);
-  request_batch reqs(rng, B, live, rows, c.mapped, Paged, P, max_pages, num_pages);
-  auto host_view = [&](int l) {
-    const sh::host_span<T> k(hk.data() + elements * l, elements), v(hv.data() + elements * l, elements);
-    if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_indptr.data(), reqs.h_indptr.size()),
-                                    sh::host_span<const std::int32_t>(reqs.h_indices.data(), reqs.h_indices.size()),
-                                    sh::host_span<const std::int32_t>(reqs.h_last.data(), reqs.h_last.size()), B, H, D,
-                                    P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
-    else
-      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(reqs.h_lengths.data(), reqs.h_lengths.size()), B,
-                              H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
-  };
-  auto device_view = [&](int l) {
-    const sh::device_span<T> k(dk.data() + elements * l, elements), v(dv.data() + elements * l, elements);
-    if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v,
-                                    sh::device_span<const std::int32_t>(reqs.d_indptr.data(), reqs.d_indptr.size()),
-                                    sh::device_span<const std::int32_t>(reqs.d_indices.data(), reqs.d_indices.size()),
-                                    sh::device_span<const std::int32_t>(reqs.d_last.data(), reqs.d_last.size()), B, H,
-                                    D, P, num_pages, max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
-    else
-      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(reqs.d_lengths.data(), reqs.d_lengths.size()),
-                              B, H, D, cap, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
-  };
+  request_batch reqs(rng, B, live, rows, c.mapped, Paged, P, geo.max_pages, geo.num_pages);
+  auto host_view = [&](int l) { return cache_view<Paged>(geo, hk.data(), hv.data(), reqs.host_table(), l); };
+  auto device_view = [&](int l) { return cache_view<Paged>(geo, dk.data(), dv.data(), reqs.device_table(), l); };
   reqs.sync();
   const auto hview0 = host_view(0);
   std::int64_t block = 0;  // one batch position's K (or V) elements, contiguous
@@ -363,11 +244,6 @@ bool run_case(const config& c, mismatch_log& log) {
   const bool with_freed = Paged || c.freed_for_contiguous;
 
   auto download_model = [&] { d_model_buf.download(snapshot.data(), model_bytes); };
-  auto live_rows = [&](const std::vector<int>& slots) {
-    std::vector<row_slots> out;
-    for (int q = 0; q < live; ++q) out.push_back({reqs.row_of[q], slots[q]});
-    return out;
-  };
 
   for (int step = 0; step < c.steps; ++step) {
     // 0. A request finishes and a new one takes its row; the scheduler
@@ -378,28 +254,9 @@ bool run_case(const config& c, mismatch_log& log) {
       CUDA_CHECK(sh::cuda::reset_sequence(dm0, reqs.row_of[q], start));
       reqs.len[q] = 0;
     }
-    if (c.mapped && step > 0 && coin(rng, 0.5)) {
-      std::vector<int> p(B);
-      std::iota(p.begin(), p.end(), 0);
-      std::shuffle(p.begin(), p.end(), rng);
-      if constexpr (!Paged) {
-        const std::vector<T> k_old = hk, v_old = hv;
-        for (int l = 0; l < L; ++l)
-          for (int q = 0; q < live; ++q) {
-            const std::size_t from = elements * l + reqs.pos_of[q] * block, to = elements * l + p[q] * block;
-            std::copy_n(k_old.begin() + from, block, hk.begin() + to);
-            std::copy_n(v_old.begin() + from, block, hv.begin() + to);
-          }
-      }
-      reqs.move_to(p);
-    }
+    if (c.mapped && step > 0 && coin(rng, 0.5)) shuffle_batch<Paged>(rng, reqs, hk, hv, block, elements, L);
     // 1. The engine appends tokens to every layer.
-    for (int q = 0; q < live; ++q) {
-      int add = step == 0 ? uniform(rng, 0, most) : uniform(rng, 0, 3);
-      if (step == 0 && coin(rng, 0.8)) add = std::max(add, 1);
-      add = std::min(add, most - reqs.len[q]);
-      reqs.len[q] += add;
-    }
+    for (int q = 0; q < live; ++q) reqs.len[q] += draw_append(rng, step, most, reqs.len[q]);
     reqs.sync();
     {
       std::uniform_real_distribution<float> d(-2.0f, 2.0f);
@@ -425,12 +282,8 @@ bool run_case(const config& c, mismatch_log& log) {
     const std::vector<int> observed_len = reqs.len;
 
     // 2. Observe every layer, each with its own probabilities.
-    int min_len = std::numeric_limits<int>::max(), max_len = 1;
-    for (int b = 0; b < B; ++b) {
-      const int l = reqs.len_at(b);
-      if (l > 0) min_len = std::min(min_len, l);
-      max_len = std::max(max_len, l);
-    }
+    const auto [min_len, longest] = length_range(reqs);
+    const int max_len = std::max(1, longest);
     const int q_len = min_len == std::numeric_limits<int>::max() ? 0 : (min_len >= 2 && coin(rng, 0.3) ? 2 : 1);
     for (int l = 0; l < L; ++l) {
       std::vector<float> probs(std::max<std::size_t>(1, static_cast<std::size_t>(B) * QH * std::max(q_len, 1) * max_len),
@@ -444,13 +297,7 @@ bool run_case(const config& c, mismatch_log& log) {
           for (int qh = 0; qh < QH; ++qh)
             for (int j = 0; j < q_len; ++j) {
               float* row = probs.data() + (static_cast<std::size_t>(b) * QH * q_len + qh * q_len + j) * max_len;
-              const int visible = n - q_len + j + 1;
-              float total = 0.0f;
-              for (int t = 0; t < visible; ++t) total += (row[t] = std::exp(logit(rng)));
-              for (int t = 0; t < visible; ++t) {
-                row[t] /= total;
-                if (c.ties) row[t] = std::round(row[t] * 16.0f) / 16.0f;
-              }
+              fill_probabilities(row, n - q_len + j + 1, logit, rng, c.ties);
             }
         }
       }
@@ -463,7 +310,7 @@ bool run_case(const config& c, mismatch_log& log) {
     }
     download_model();
     if (!status_clear("observe", dsnap, log)) return false;
-    if (!compare_model("after observe", hm0, dsnap, live_rows(observed_len), log)) return false;
+    if (!compare_model("after observe", hm0, dsnap, live_rows(reqs, observed_len), log)) return false;
 
     // 3. Evict.
     std::fill(h_new.begin(), h_new.end(), -7);
@@ -573,36 +420,13 @@ bool run_case(const config& c, mismatch_log& log) {
     download_model();
     const char* what = over_layers ? (c.forget ? "forget" : "compact") : "compress";
     if (!status_clear(what, dsnap, log)) return false;
-    {
-      const auto dn = d_new.download(), df = d_freed.download();
-      for (int b = 0; b < B; ++b) {
-        if (dn[b] != h_new[b]) log.add(what, ": new_lengths[", b, "] host ", h_new[b], " device ", dn[b]);
-        if (h_new[b] != sh::length_after_compress(reqs.len_at(b), c.budget, c.m))
-          log.add(what, ": new_lengths[", b, "] ", h_new[b], " is not length_after_compress");
-        if (with_freed && df[b] != h_freed[b]) log.add(what, ": freed_pages[", b, "] host ", h_freed[b], " device ", df[b]);
-      }
-      if (!log.ok()) return false;
-    }
-    std::vector<int> kept_len(live);
-    const auto who = reqs.at_position();
-    for (int b = 0; b < B; ++b)
-      if (who[b] >= 0) kept_len[who[b]] = h_new[b];
-    if (!compare_model("after eviction", hm0, dsnap, live_rows(kept_len), log)) return false;
+    if (!check_outputs(what, c, reqs, h_new, d_new, h_freed, d_freed, with_freed, log)) return false;
+    const std::vector<int> kept_len = kept_lengths(reqs, h_new);
+    if (!compare_model("after eviction", hm0, dsnap, live_rows(reqs, kept_len), log)) return false;
     const auto dev_k = dk.download(), dev_v = dv.download();
-    for (int l = 0; l < L; ++l) {
-      const auto hvw = host_view(l);
-      for (int q = 0; q < live; ++q)
-        for (int h = 0; h < H; ++h)
-          for (int t = 0; t < kept_len[q]; ++t) {
-            const int b = reqs.pos_of[q];
-            const std::size_t ko = static_cast<std::size_t>(hvw.k_row(b, h, t) - hk.data());
-            const std::size_t vo = static_cast<std::size_t>(hvw.v_row(b, h, t) - hv.data());
-            if (std::memcmp(&hk[ko], &dev_k[ko], sizeof(T) * D) != 0)
-              log.add(what, ": layer ", l, " K row (request ", q, " at ", b, ",", h, ",", t, ") differs");
-            if (std::memcmp(&hv[vo], &dev_v[vo], sizeof(T) * D) != 0)
-              log.add(what, ": layer ", l, " V row (request ", q, " at ", b, ",", h, ",", t, ") differs");
-          }
-    }
+    for (int l = 0; l < L; ++l)
+      check_kept_rows(std::string(what) + ": layer " + std::to_string(l), host_view(l), hk, hv, dev_k, dev_v, reqs,
+                      kept_len, log);
     if (!log.ok()) return false;
     // 5. The engine applies the new lengths (the next step's table).
     reqs.len = kept_len;
@@ -638,30 +462,20 @@ bool run_typed(const config& c, mismatch_log& log) {
 }
 
 bool run_config(const config& c, mismatch_log& log) {
-  try {
-    return c.dtype == 0 ? run_typed<float>(c, log) : run_typed<__half>(c, log);
-  } catch (const std::exception& e) {
-    log.add_host("unexpected exception: ", e.what());
-    return false;
-  }
+  return c.dtype == 0 ? run_typed<float>(c, log) : run_typed<__half>(c, log);
 }
 
 int run_differential(int configs, std::uint64_t seed, bool quick, int long_first) {
-  std::mt19937_64 rng(seed);
-  int failed = 0;
   int by_granularity[num_granularities] = {}, by_layout[4] = {}, forgets = 0, pinned = 0, mapped = 0;
-  for (int i = 0; i < configs; ++i) {
-    const config c = make_config(rng, i, quick, long_first);
-    mismatch_log log;
-    if (!run_config(c, log)) {
-      if (++failed <= 10) std::printf("FAIL %s\n%s", c.describe().c_str(), log.text.str().c_str());
-    }
-    ++by_granularity[c.granularity];
-    ++by_layout[c.layout];
-    forgets += c.granularity >= 2 && c.forget;
-    pinned += c.granularity >= 2 && c.pinned;
-    mapped += c.mapped;
-  }
+  const int failed = run_configs(
+      configs, seed, [&](std::mt19937_64& rng, int i) { return make_config(rng, i, quick, long_first); }, run_config,
+      [&](const config& c) {
+        ++by_granularity[c.granularity];
+        ++by_layout[c.layout];
+        forgets += c.granularity >= 2 && c.forget;
+        pinned += c.granularity >= 2 && c.pinned;
+        mapped += c.mapped;
+      });
   std::printf("token-level differential: %d of %d configurations passed (shared_heads mean %d, max %d; "
               "shared_layers mean/mean %d, max/mean %d, mean/max %d; via forget %d, pinned %d; layouts NHD %d, "
               "HND %d, paged NHD %d, paged HND %d; state rows %d)\n",
@@ -741,12 +555,8 @@ struct fixture {
         d_pinned(B) {
     std::mt19937_64 rng(11);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    hk.resize(dk.size());
-    hv.resize(dv.size());
-    for (auto& x : hk) x = u(rng);
-    for (auto& x : hv) x = u(rng);
-    dk.upload(hk);
-    dv.upload(hv);
+    fill_uploaded(hk, dk, rng);
+    fill_uploaded(hv, dv, rng);
     std::vector<std::int32_t> ids(num_pages);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
@@ -824,27 +634,17 @@ struct fixture {
     d_map.upload(map);
   }
   void build_host_table(int bad) { build_table(bad, h_len, h_indptr, h_indices, h_last, h_map); }
+  // NHD, B sequences of up to cap tokens (max_pages pages of P).
+  static constexpr cache_geometry geometry{B, H, D, P, max_pages, num_pages, cap, false, false, elements};
   auto host_view(int l) {
-    const sh::host_span<float> k(hk.data() + elements * l, elements), v(hv.data() + elements * l, elements);
-    if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v, sh::host_span<const std::int32_t>(h_indptr.data(), B + 1),
-                                    sh::host_span<const std::int32_t>(h_indices.data(), h_indices.size()),
-                                    sh::host_span<const std::int32_t>(h_last.data(), B), B, H, D, P, num_pages,
-                                    max_pages, sh::named_layout::nhd);
-    else
-      return sh::make_kv_view(k, v, sh::host_span<const std::int32_t>(h_len.data(), B), B, H, D, cap,
-                              sh::named_layout::nhd);
+    const kv_table<host_space> t{{h_len.data(), B}, {h_indptr.data(), B + 1}, {h_indices.data(), h_indices.size()},
+                                 {h_last.data(), B}};
+    return cache_view<Paged>(geometry, hk.data(), hv.data(), t, l);
   }
   auto device_view(int l) const {
-    const sh::device_span<float> k(dk.data() + elements * l, elements), v(dv.data() + elements * l, elements);
-    if constexpr (Paged)
-      return sh::make_paged_kv_view(k, v, sh::device_span<const std::int32_t>(d_indptr.data(), B + 1),
-                                    sh::device_span<const std::int32_t>(d_indices.data(), d_indices.size()),
-                                    sh::device_span<const std::int32_t>(d_last.data(), B), B, H, D, P, num_pages,
-                                    max_pages, sh::named_layout::nhd);
-    else
-      return sh::make_kv_view(k, v, sh::device_span<const std::int32_t>(d_len.data(), B), B, H, D, cap,
-                              sh::named_layout::nhd);
+    const kv_table<device_space> t{{d_len.data(), B}, {d_indptr.data(), B + 1}, {d_indices.data(), d_indices.size()},
+                                   {d_last.data(), B}};
+    return cache_view<Paged>(geometry, dk.data(), dv.data(), t, l);
   }
   sh::model_state<host_space> host_model(int bad) {
     build_host_table(bad);
@@ -1758,42 +1558,20 @@ int run_tensor_parallel(bool multi_gpu) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int configs = 600, long_first = 0;
-  std::uint64_t seed = 20230517;
-  std::string only;
-  bool quick = false, host_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--configs") configs = std::stoi(next());
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--only") only = next();
-    else if (a == "--quick") quick = true;
-    else if (a == "--host-only") host_only = true;
-    else if (a == "--long") long_first = std::stoi(next());
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--configs N] [--seed S] [--only "
-                   "differential,errors,graph,tensor_parallel,tensor_parallel_multi_gpu,combined_score,one_api] [--quick] "
-                   "[--long N] [--host-only]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (quick) configs = std::min(configs, 24);
-  start(argv[0], seed, host_only);
+  suite_options o = parse_options(argc, argv, 600,
+                                  "[--configs N] [--seed S] [--only differential,errors,graph,tensor_parallel,"
+                                  "tensor_parallel_multi_gpu,combined_score,one_api] [--quick] [--long N] [--host-only]",
+                                  [](const std::string&, auto&) { return false; });
+  if (o.quick) o.configs = std::min(o.configs, 24);
+  const std::string& only = o.only;
+  start(argv[0], o.seed, o.host_only);
   int failures = 0;
-  failures += run_part(only, "differential", [&] { return run_differential(configs, seed, quick, long_first); });
+  failures +=
+      run_part(only, "differential", [&] { return run_differential(o.configs, o.seed, o.quick, o.long_first); });
   failures += run_part(only, "errors", [] { return run_error_tests(); });
   failures += run_part(only, "graph", [] { return run_graph_test(); });
   failures += run_part(only, "tensor_parallel", [] { return run_tensor_parallel(false); });
-  failures += run_part(only, "combined_score", [&] { return run_combined_score_test(seed); });
+  failures += run_part(only, "combined_score", [&] { return run_combined_score_test(o.seed); });
   failures += run_part(only, "one_api", [] { return run_one_api(); });
   if (!only.empty()) {
     // Its own CTest entry: skipped (77) below two devices.
@@ -1804,6 +1582,5 @@ int main(int argc, char** argv) {
     });
     if (multi < 0) return 77;
   }
-  std::printf(failures == 0 ? "all passed\n" : "%d failure(s)\n", failures);
-  return failures == 0 ? 0 : 1;
+  return finish(failures);
 }
