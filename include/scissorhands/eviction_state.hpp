@@ -136,26 +136,23 @@ struct state_offsets {
 constexpr state_offsets offsets_of(const state_shape& s) {
   const std::size_t b = static_cast<std::size_t>(s.rows);
   const std::size_t tokens = b * static_cast<std::size_t>(s.kv_heads) * static_cast<std::size_t>(s.capacity);
-  state_offsets o{};
   std::size_t at = 0;
-  o.step = at;
-  at = align_up(at + b * sizeof(std::int64_t));
-  o.next_position = at;
-  at = align_up(at + b * sizeof(std::int32_t));
-  o.tracked = at;
-  at = align_up(at + b * sizeof(std::int32_t));
-  o.status = at;
-  at = align_up(at + b * sizeof(std::uint32_t));
-  o.blocks_done = at;
-  at = align_up(at + b * sizeof(std::uint32_t));
-  o.positions = at;
-  at = align_up(at + tokens * sizeof(std::int32_t));
-  o.scores = at;
-  at = align_up(at + tokens * sizeof(float));
-  o.observed = at;
-  at = align_up(at + tokens * sizeof(float));
-  o.ring = at;
-  at = align_up(at + tokens * static_cast<std::size_t>(s.ring_words) * sizeof(std::uint32_t));
+  // Each array starts where the previous one ends, aligned.
+  const auto next = [&at](std::size_t bytes) {
+    const std::size_t start = at;
+    at = align_up(at + bytes);
+    return start;
+  };
+  state_offsets o{};
+  o.step = next(b * sizeof(std::int64_t));
+  o.next_position = next(b * sizeof(std::int32_t));
+  o.tracked = next(b * sizeof(std::int32_t));
+  o.status = next(b * sizeof(std::uint32_t));
+  o.blocks_done = next(b * sizeof(std::uint32_t));
+  o.positions = next(tokens * sizeof(std::int32_t));
+  o.scores = next(tokens * sizeof(float));
+  o.observed = next(tokens * sizeof(float));
+  o.ring = next(tokens * static_cast<std::size_t>(s.ring_words) * sizeof(std::uint32_t));
   o.total = at;
   return o;
 }

@@ -50,13 +50,17 @@ struct paged_layout {
   }
   // [page][token][head][dim]
   static constexpr paged_layout nhd(std::int32_t page_size, std::int32_t kv_heads, std::int32_t head_dim) {
-    const std::int64_t row = head_dim;
-    return {std::int64_t{page_size} * kv_heads * row, row, std::int64_t{kv_heads} * row};
+    return of(kv_layout::nhd(page_size, kv_heads, head_dim));
   }
   // [page][head][token][dim]
   static constexpr paged_layout hnd(std::int32_t page_size, std::int32_t kv_heads, std::int32_t head_dim) {
-    const std::int64_t row = head_dim;
-    return {std::int64_t{page_size} * kv_heads * row, std::int64_t{page_size} * row, row};
+    return of(kv_layout::hnd(page_size, kv_heads, head_dim));
+  }
+
+ private:
+  // A page is laid out as one contiguous sequence of page_size slots.
+  static constexpr paged_layout of(const kv_layout& page) {
+    return {page.sequence_stride, page.head_stride, page.token_stride};
   }
 };
 

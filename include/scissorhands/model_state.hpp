@@ -58,6 +58,16 @@ inline void validate_layers(const char* fn, std::int32_t layers, std::size_t lay
   require(static_cast<double>(layer_bytes) * layers < 4.0e18, fn, "layers", "times ", layer_bytes,
           " bytes per layer is beyond what can be addressed");
 }
+// A one-layer model over one layer's state: compress at shared_heads
+// chooses its slots through the model path, as select does.
+template <memory_space Space>
+model_state<Space> single_layer(const eviction_state<Space>& state) {
+  model_state<Space> m;
+  m.first = state;
+  m.layers = 1;
+  m.layer_bytes = 0;
+  return m;
+}
 }  // namespace detail
 
 // Bytes of a model state: `layers` layer states of this shape.

@@ -43,19 +43,10 @@ struct paged_kv_view {
   SCISSORHANDS_HOST_DEVICE std::int32_t num_sequences() const { return batch; }
   SCISSORHANDS_HOST_DEVICE std::int32_t num_kv_heads() const { return kv_heads; }
   SCISSORHANDS_HOST_DEVICE std::int32_t row_size() const { return head_dim; }
-  // In 64 bits and clamped: workspace and state sizes are computed from it
-  // before validation has bounded the product (validate_shape refuses one
-  // above INT32_MAX).
-  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const {
-    const std::int64_t slots = std::int64_t{max_pages_per_sequence} * page_size;
-    return slots > INT32_MAX ? INT32_MAX : (slots < 0 ? 0 : static_cast<std::int32_t>(slots));
-  }
+  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const { return detail::table_max_capacity(*this); }
   SCISSORHANDS_HOST_DEVICE std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
   SCISSORHANDS_HOST_DEVICE std::int32_t capacity_of(std::int32_t b) const { return pages_of(b) * page_size; }
-  SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const {
-    const std::int32_t pages = pages_of(b);
-    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
-  }
+  SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const { return detail::table_length(*this, b); }
   SCISSORHANDS_HOST_DEVICE T* k_row(std::int32_t b, std::int32_t h, std::int32_t t) const {
     return k_pages.data() + k_layout.offset(indices[indptr[b] + t / page_size], h, t % page_size);
   }
@@ -64,8 +55,7 @@ struct paged_kv_view {
   }
   // Pages a sequence of `length` tokens occupies.
   SCISSORHANDS_HOST_DEVICE std::int32_t pages_for(std::int32_t length) const {
-    // In 64 bits: length + page_size - 1 can pass INT32_MAX.
-    return static_cast<std::int32_t>((std::int64_t{length} + page_size - 1) / page_size);
+    return detail::table_pages_for(*this, length);
   }
 };
 

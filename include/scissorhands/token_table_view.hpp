@@ -19,6 +19,30 @@
 
 namespace scissorhands {
 
+namespace detail {
+
+// The page-table arithmetic token_table_view and paged_kv_view share.
+// max_capacity is in 64 bits and clamped: workspace and state sizes are
+// computed from it before validation has bounded the product
+// (validate_table_shape refuses one above INT32_MAX).
+template <class Table>
+SCISSORHANDS_HOST_DEVICE std::int32_t table_max_capacity(const Table& t) {
+  const std::int64_t slots = std::int64_t{t.max_pages_per_sequence} * t.page_size;
+  return slots > INT32_MAX ? INT32_MAX : (slots < 0 ? 0 : static_cast<std::int32_t>(slots));
+}
+template <class Table>
+SCISSORHANDS_HOST_DEVICE std::int32_t table_length(const Table& t, std::int32_t b) {
+  const std::int32_t pages = t.pages_of(b);
+  return pages == 0 ? 0 : (pages - 1) * t.page_size + t.last_page_len[b];
+}
+// In 64 bits: length + page_size - 1 can pass INT32_MAX.
+template <class Table>
+SCISSORHANDS_HOST_DEVICE std::int32_t table_pages_for(const Table& t, std::int32_t length) {
+  return static_cast<std::int32_t>((std::int64_t{length} + t.page_size - 1) / t.page_size);
+}
+
+}  // namespace detail
+
 template <memory_space Space>
 struct token_table_view {
   static constexpr memory_space space = Space;
@@ -32,21 +56,15 @@ struct token_table_view {
   std::int32_t num_pages = 0;               // slots / pages in the pool (bounds the ids)
   std::int32_t max_pages_per_sequence = 0;  // bounds every sequence's page count
 
-  // The same accessors, and the same arithmetic, as paged_kv_view's.
+  // The same accessors as paged_kv_view's, through the same arithmetic.
   SCISSORHANDS_HOST_DEVICE std::int32_t num_sequences() const { return batch; }
   SCISSORHANDS_HOST_DEVICE std::int32_t num_kv_heads() const { return kv_heads; }
-  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const {
-    const std::int64_t slots = std::int64_t{max_pages_per_sequence} * page_size;
-    return slots > INT32_MAX ? INT32_MAX : (slots < 0 ? 0 : static_cast<std::int32_t>(slots));
-  }
+  SCISSORHANDS_HOST_DEVICE std::int32_t max_capacity() const { return detail::table_max_capacity(*this); }
   SCISSORHANDS_HOST_DEVICE std::int32_t pages_of(std::int32_t b) const { return indptr[b + 1] - indptr[b]; }
   SCISSORHANDS_HOST_DEVICE std::int32_t capacity_of(std::int32_t b) const { return pages_of(b) * page_size; }
-  SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const {
-    const std::int32_t pages = pages_of(b);
-    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
-  }
+  SCISSORHANDS_HOST_DEVICE std::int32_t length(std::int32_t b) const { return detail::table_length(*this, b); }
   SCISSORHANDS_HOST_DEVICE std::int32_t pages_for(std::int32_t length) const {
-    return static_cast<std::int32_t>((std::int64_t{length} + page_size - 1) / page_size);
+    return detail::table_pages_for(*this, length);
   }
 };
 

@@ -73,6 +73,23 @@ inline host_span<const std::int32_t> per_sequence(const std::int32_t* data, std:
   return {data, data != nullptr ? n : 0};  // null stays "absent" (not ragged, no state_rows)
 }
 
+// The fields the bridge's settings and the library's share, copied either
+// way (the enums hold the same numbers).
+template <class To, class From>
+void copy_settings(To& to, const From& from) {
+  to.window = from.window;
+  to.recent = from.recent;
+  to.sinks = from.sinks;
+  to.evict_count = from.evict_count;
+  to.alpha = from.alpha;
+  to.decay = from.decay;
+  to.normalize = from.normalize;
+  to.compaction_mode = static_cast<decltype(to.compaction_mode)>(from.compaction_mode);
+  to.seed = from.seed;
+  to.pool_width = from.pool_width;
+  to.pool_mode = static_cast<decltype(to.pool_mode)>(from.pool_mode);
+}
+
 // Settings not filled by default_settings hold the paper's numbers whatever
 // the translation unit's preset is: refused rather than run.
 template <class Policy>
@@ -81,34 +98,14 @@ Policy policy_of(const settings& s) {
           "were not filled by default_settings(): start from ns::default_settings(&settings), the preset's own "
           "numbers, then change fields (a settings{} holds the paper's numbers, not the preset's)");
   Policy p;
-  p.config.window = s.window;
-  p.config.recent = s.recent;
-  p.config.sinks = s.sinks;
-  p.config.evict_count = s.evict_count;
-  p.config.alpha = s.alpha;
-  p.config.decay = s.decay;
-  p.config.normalize = s.normalize;
-  p.config.compaction_mode = static_cast<scissorhands::compaction>(s.compaction_mode);
-  p.config.seed = s.seed;
-  p.config.pool_width = s.pool_width;
-  p.config.pool_mode = static_cast<scissorhands::pooling>(s.pool_mode);
+  copy_settings(p.config, s);
   return p;
 }
 
 // policy_of's inverse: a policy's settings as the bridge's.
 inline settings settings_of(const scissorhands::settings& c) {
   settings s;
-  s.window = c.window;
-  s.recent = c.recent;
-  s.sinks = c.sinks;
-  s.evict_count = c.evict_count;
-  s.alpha = c.alpha;
-  s.decay = c.decay;
-  s.normalize = c.normalize;
-  s.compaction_mode = static_cast<compaction>(c.compaction_mode);
-  s.seed = c.seed;
-  s.pool_width = c.pool_width;
-  s.pool_mode = static_cast<pooling>(c.pool_mode);
+  copy_settings(s, c);
   s.filled = settings_filled;
   return s;
 }
@@ -197,16 +194,24 @@ inline scissorhands::state_shape shape_of(const state_shape& s) {
   return {s.rows, s.kv_heads, s.capacity, s.ring_words};
 }
 
+// The shape, checked, and the caller's buffer for it, checked non-null and
+// aligned (`buffer_name` is the argument a refusal names).
+inline scissorhands::state_shape checked_layout(const char* fn, const state_shape& s, const void* buffer,
+                                                const char* buffer_name) {
+  const scissorhands::state_shape shape = shape_of(s);
+  scissorhands::detail::validate_state_shape(fn, shape);
+  require(buffer != nullptr, fn, buffer_name, "must not be null");
+  require(reinterpret_cast<std::uintptr_t>(buffer) % scissorhands::detail::state_alignment == 0, fn, buffer_name,
+          "must be aligned to ", scissorhands::detail::state_alignment, " bytes");
+  return shape;
+}
+
 // The state laid over the caller's buffer, seen through the batch. Checked
 // here, under the name of the entry point, so an error names the call that
 // was made (make_state would name itself).
 inline eviction_state<memory_space::host> state_of(const char* fn, const state& s, std::int32_t batch) {
-  const scissorhands::state_shape shape = shape_of(s.shape);
-  scissorhands::detail::validate_state_shape(fn, shape);
+  const scissorhands::state_shape shape = checked_layout(fn, s.shape, s.buffer, "state.buffer");
   const std::size_t need = scissorhands::detail::offsets_of(shape).total;
-  require(s.buffer != nullptr, fn, "state.buffer", "must not be null");
-  require(reinterpret_cast<std::uintptr_t>(s.buffer) % scissorhands::detail::state_alignment == 0, fn, "state.buffer",
-          "must be aligned to ", scissorhands::detail::state_alignment, " bytes");
   require(s.bytes >= need, fn, "state.bytes", "is ", s.bytes, ", below state_bytes(shape) = ", need);
   return scissorhands::make_state(host_span<std::byte>(static_cast<std::byte*>(s.buffer), s.bytes), shape)
       .for_batch(per_sequence(s.state_rows, entries(batch)));
@@ -216,12 +221,8 @@ inline eviction_state<memory_space::host> state_of(const char* fn, const state& 
 // checked under the entry point's name, as state_of.
 inline scissorhands::model_state<memory_space::host> model_of(const char* fn, const model_state& m,
                                                                std::int32_t batch) {
-  const scissorhands::state_shape shape = shape_of(m.shape);
-  scissorhands::detail::validate_state_shape(fn, shape);
+  const scissorhands::state_shape shape = checked_layout(fn, m.shape, m.buffer, "model.buffer");
   const std::size_t per_layer = scissorhands::detail::offsets_of(shape).total;
-  require(m.buffer != nullptr, fn, "model.buffer", "must not be null");
-  require(reinterpret_cast<std::uintptr_t>(m.buffer) % scissorhands::detail::state_alignment == 0, fn,
-          "model.buffer", "must be aligned to ", scissorhands::detail::state_alignment, " bytes");
   require(m.layers > 0, fn, "model.layers", "must be positive, got ", m.layers);
   require(m.layer_bytes == per_layer, fn, "model.layer_bytes", "must be state_bytes(shape) = ", per_layer,
           " (make_model_state fills it), got ", m.layer_bytes);

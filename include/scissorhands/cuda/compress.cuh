@@ -83,14 +83,6 @@ compress_workspace::sizes compress_sizes(const Policy&, const View& cache, const
   return n;
 }
 
-// One layer's state seen as a model of one layer (shared_heads selection).
-inline model_state<memory_space::device> single_layer(const eviction_state<memory_space::device>& state) {
-  model_state<memory_space::device> m;
-  m.first = state;
-  m.layers = 1;
-  m.layer_bytes = 0;
-  return m;
-}
 }  // namespace detail
 
 // Bytes of workspace compress needs for this cache, state, policy and
@@ -165,7 +157,7 @@ cudaError_t run_compress(const char* fn, void* d_workspace, std::size_t workspac
   if constexpr (shared)
     detail::select_shared_kernel<Protector, highest, typename Policy::granularity>
         <<<static_cast<unsigned>(cache.batch), select_traits::threads, 0, stream>>>(
-            policy.config, seqs, detail::single_layer(state), budget, nullptr, ws,
+            policy.config, seqs, scissorhands::detail::single_layer(state), budget, nullptr, ws,
             partial_scores<memory_space::device>{});
   else
     detail::select_kernel<Protector, highest><<<grid, select_traits::threads, 0, stream>>>(policy.config, seqs, state,

@@ -143,7 +143,7 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
       const std::int32_t evict = len - budget + m;
       const std::int32_t kept = len - evict;
       if constexpr (shared) {
-        choose_shared(policy, single_layer(state), r, len, evict, 0, scratch);
+        choose_shared(policy, scissorhands::detail::single_layer(state), r, len, evict, 0, scratch);
         for_each_move(scratch.evicted, len, kept, cfg.compaction_mode, [&](std::int32_t from, std::int32_t to) {
           for (std::int32_t h = 0; h < cache.kv_heads; ++h) move_token(cache, state, b, h, from, to);
         });

@@ -41,6 +41,26 @@ namespace scissorhands::host {
 // Queries per KV head above which observe refuses (keeps per-query scratch on the stack).
 inline constexpr std::int32_t max_group_size = 128;
 
+// Each query head's natural log-normaliser for query j of sequence b: the
+// engine's LSE when given; otherwise an online log-sum-exp that
+// `accumulate(run_max, run_sum)` folds every visible key's logit into.
+template <class Lse, class Accumulate>
+void query_normalisers(const Lse& lse, std::int32_t b, std::int32_t first_head, std::int32_t group, std::int32_t j,
+                       float* norm, Accumulate&& accumulate) {
+  if (lse.present()) {
+    for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, first_head + g, j);
+    return;
+  }
+  float run_max[max_group_size];
+  float run_sum[max_group_size];
+  for (std::int32_t g = 0; g < group; ++g) {
+    run_max[g] = -std::numeric_limits<float>::infinity();
+    run_sum[g] = 0.0f;
+  }
+  accumulate(run_max, run_sum);
+  for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
+}
+
 namespace detail {
 using namespace scissorhands::detail;
 
@@ -638,17 +658,9 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
         const Q* q = queries.row(b, h * group + g, j);
         for (std::int32_t x = 0; x < d; ++x) qf[g * d + x] = to_float(q[x]);
       }
-      if (lse.present()) {
-        for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
-      } else {
-        // Online log-sum-exp per query head, a tile at a time: the
-        // running sum is rescaled when the tile raises the maximum.
-        float run_max[max_group_size];
-        float run_sum[max_group_size];
-        for (std::int32_t g = 0; g < group; ++g) {
-          run_max[g] = -std::numeric_limits<float>::infinity();
-          run_sum[g] = 0.0f;
-        }
+      // Without the LSE: an online log-sum-exp per query head, a tile at a
+      // time: the running sum is rescaled when the tile raises the maximum.
+      query_normalisers(lse, b, h * group, group, j, norm, [&](float* run_max, float* run_sum) {
         for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
           const std::int32_t n = std::min(tile, visible - t0);
           tile_logits(b, h, t0, n, zero);
@@ -662,8 +674,7 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
             for (std::int32_t u = 0; u < n; ++u) run_sum[g] += exp_approx(z[g * tile + u] - m);
           }
         }
-        for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
-      }
+      });
       const std::int64_t step = first_step + j;
       for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
         const std::int32_t n = std::min(tile, visible - t0);
@@ -881,17 +892,9 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
       const std::int32_t first =
           options.window_left >= 0 && i > options.window_left ? i - options.window_left : 0;
       for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
-      if (lse.present()) {
-        for (std::int32_t g = 0; g < group; ++g) norm[g] = lse.natural(b, h * group + g, j);
-      } else {
-        // Own normaliser: an online log-sum-exp per query head (running
-        // max, sum rescaled when the max grows), one extra read of K.
-        float run_max[max_group_size];
-        float run_sum[max_group_size];
-        for (std::int32_t g = 0; g < group; ++g) {
-          run_max[g] = -std::numeric_limits<float>::infinity();
-          run_sum[g] = 0.0f;
-        }
+      // Without the LSE: an online log-sum-exp per query head (running
+      // max, sum rescaled when the max grows), one extra read of K.
+      query_normalisers(lse, b, h * group, group, j, norm, [&](float* run_max, float* run_sum) {
         for (std::int32_t t = first; t < visible; ++t) {
           group_logits(b, h, t);
           transform(h, t, i);
@@ -904,8 +907,7 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
             }
           }
         }
-        for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
-      }
+      });
       const std::int64_t step = first_step + j;
       // Outside the window the query gave no attention: recorded as 0 (n
       // stays the causal count, as observe_probabilities counts it).

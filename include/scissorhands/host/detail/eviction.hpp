@@ -271,13 +271,4 @@ void choose_shared(const Policy& policy, const model_state<memory_space::host>& 
   choose_lowest(policy, model.first, r, len, evict, pinned, scratch);
 }
 
-// A one-layer model over one layer's state (compress at shared_heads).
-inline model_state<memory_space::host> single_layer(const eviction_state<memory_space::host>& state) {
-  model_state<memory_space::host> m;
-  m.first = state;
-  m.layers = 1;
-  m.layer_bytes = 0;
-  return m;
-}
-
 }  // namespace scissorhands::host::detail
