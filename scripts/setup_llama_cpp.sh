@@ -11,18 +11,29 @@
 # Prints `prefix=...` (give it to CMake as SCISSORHANDS_LLAMA_CPP_PREFIX)
 # and `gemma=...` on its last lines. Exit 3: the pinned package could not be
 # installed (no registry, no compiler): callers report that, loudly.
+# --if-installed: install nothing; print the prefix of an existing install
+# of the pinned version, or exit 3 (the test command's fast path).
 set -euo pipefail
+if_installed=0
+[ "${1:-}" = --if-installed ] && if_installed=1
 home=${SCISSORHANDS_LLAMA_CPP_HOME:-$HOME/.cache/scissorhands}
 venv=$home/llama_cpp_venv
 version=0.3.36
 mkdir -p "$home"
+if [ "$if_installed" = 1 ] && [ ! -x "$venv/bin/python" ]; then
+  exit 3
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py=$venv/bin/python
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 have=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
 if [ "$have" != "$version" ] || [ ! -f "$site/lib/cmake/llama/llama-config.cmake" ]; then
+  [ "$if_installed" = 1 ] && exit 3
   echo "setup_llama_cpp: installing llama-cpp-python==$version (builds llama.cpp: about 10 minutes cold)" >&2
-  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install -q "llama-cpp-python==$version" >&2; then
+  # LLAVA_BUILD=OFF: the multimodal library (libmtmd) is not needed, so it
+  # is not built; CMAKE_BUILD_PARALLEL_LEVEL: every core builds.
+  if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "$venv/bin/pip" install -q "llama-cpp-python==$version" >&2; then
     echo "setup_llama_cpp: FAILED to install llama-cpp-python==$version" >&2
     exit 3
   fi

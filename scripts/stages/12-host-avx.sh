@@ -15,12 +15,8 @@ for f in avx avx2 bmi1 bmi2 f16c fma abm movbe xsave; do
   fi
 done
 build=${SCISSORHANDS_AVX_BUILD_DIR:-build-avx}
-jobs=${SCISSORHANDS_JOBS:-$(nproc)}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
-  -DSCISSORHANDS_ENABLE_CUDA=OFF -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
-  "${launcher[@]}" >/dev/null
+source scripts/stages/host_build.bash
+configure_host_tests "$build" Release "-march=x86-64-v3"
 cmake --build "$build" -j "$jobs" --target host_test host_parallel_test host_quantized_test
 for t in host_test host_parallel_test host_quantized_test; do
   "$build/tests/host/$t"

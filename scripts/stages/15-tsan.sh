@@ -7,13 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${SCISSORHANDS_TSAN_BUILD_DIR:-build-tsan}
-jobs=${SCISSORHANDS_JOBS:-$(nproc)}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" \
-  -DSCISSORHANDS_ENABLE_CUDA=OFF -DSCISSORHANDS_BUILD_BENCHMARKS=OFF -DSCISSORHANDS_BUILD_EXAMPLES=OFF \
-  "${launcher[@]}" >/dev/null
+source scripts/stages/host_build.bash
+configure_host_tests "$build" Debug "-O1 -g -fsanitize=thread -fno-omit-frame-pointer"
 cmake --build "$build" -j "$jobs" --target host_parallel_test
 export TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1
 "$build/tests/host/host_parallel_test"
