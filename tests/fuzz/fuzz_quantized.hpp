@@ -1,11 +1,6 @@
 // The quantized mode of the host fuzz harness (fuzz_host.cpp): inputs whose
 // first byte is in [161, 177] (a range no input of the committed corpus
 // started with when it was added, so every older input keeps its decoding).
-// Not a stand-alone header: fuzz_host.cpp includes it inside its anonymous
-// namespace, after the helpers it uses (byte_source, generator, FUZZ_CHECK,
-// FUZZ_TRACE, decode_settings_into, settings_valid, pick_strides, extent_of,
-// strides3, aligned_buffer, bytes_of, paged_length, pages_for, table_spans,
-// shrink_valid, shrink_and_check, garbage_int, expect, nan_f, inf_f).
 //
 // A case holds one quantized cache (quantized_kv_view.hpp: int8 or int4
 // codes, group parameters; contiguous or paged; NHD, HND, padded or any
@@ -48,6 +43,24 @@
 // compaction mode promises. When the harness built the call from clean
 // parts a refusal is a bug; when a part is invalid whatever else holds, an
 // acceptance is.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "models.hpp"
+
+namespace {
 
 // Whether a strided layout gives every (outer, head, token) index rows of
 // its own, found by marking the elements (not the library's nesting rule,
@@ -1139,10 +1152,23 @@ class quant_case {
   }
 };
 
-template <class Policy>
-void run_quantized(byte_source& src, bool paged) {
-  if (paged)
-    quant_case<Policy, true>(src).run();
-  else
-    quant_case<Policy, false>(src).run();
+// Quantized mode (its mode byte already read): the next byte picks the
+// policy, the one after it paged or not.
+void run_quantized_mode(byte_source& src) {
+  constexpr case_runner policies[] = {
+      run_case<quant_case, sh::scissorhands_policy>,
+      run_case<quant_case, sh::h2o_policy>,
+      run_case<quant_case, sh::key_norm_policy>,
+      run_case<quant_case, sh::eviction_policy<sh::attention_mass, sh::sliding_window, sh::recent_window, sh::gqa_max>>,
+      run_case<quant_case, sh::with_granularity<sh::scissorhands_policy, sh::shared_heads<sh::mean_score>>>,
+      run_case<quant_case, sh::streaming_policy>,
+      run_case<quant_case,
+               sh::eviction_policy<sh::important_indicator, sh::exponential_decay, sh::recent_window, sh::gqa_max>>,
+      run_case<quant_case, sh::key_norm_policy>,
+  };
+  const mode_choice m = decode_choice(src);
+  FUZZ_TRACE("quantized mode: policy %d paged %d\n", m.policy, int(m.paged));
+  policies[m.policy](src, m.paged);
 }
+
+}  // namespace
