@@ -19,10 +19,10 @@ if_installed=0
 home=${SCISSORHANDS_LLAMA_CPP_HOME:-$HOME/.cache/scissorhands}
 venv=$home/llama_cpp_venv
 version=0.3.36
-mkdir -p "$home"
 if [ "$if_installed" = 1 ] && [ ! -x "$venv/bin/python" ]; then
   exit 3
 fi
+mkdir -p "$home"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py=$venv/bin/python
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

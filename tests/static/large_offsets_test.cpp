@@ -11,6 +11,8 @@
 
 #include <scissorhands/scissorhands.hpp>
 
+#include "../host/support.hpp"
+
 namespace {
 
 namespace sh = scissorhands;
@@ -74,16 +76,7 @@ sh::host_kv_view<float> big_view(std::vector<std::int32_t>& lengths, sh::named_l
       {lengths.data(), lengths.size()}, big_batch, big_heads, big_dim, big_capacity, layout);
 }
 
-// The argument a refused call names; "" when the call was accepted.
-template <class Call>
-std::string refused_argument(Call call) {
-  try {
-    call();
-  } catch (const sh::invalid_argument& e) {
-    return e.argument();
-  }
-  return "";
-}
+using sh_test::refused_argument;
 
 }  // namespace
 

@@ -41,6 +41,9 @@ namespace scissorhands::host {
 // Queries per KV head above which observe refuses (keeps per-query scratch on the stack).
 inline constexpr std::int32_t max_group_size = 128;
 
+namespace detail {
+using namespace scissorhands::detail;
+
 // Each query head's natural log-normaliser for query j of sequence b: the
 // engine's LSE when given; otherwise an online log-sum-exp that
 // `accumulate(run_max, run_sum)` folds every visible key's logit into.
@@ -60,9 +63,6 @@ void query_normalisers(const Lse& lse, std::int32_t b, std::int32_t first_head, 
   accumulate(run_max, run_sum);
   for (std::int32_t g = 0; g < group; ++g) norm[g] = run_max[g] + std::log(run_sum[g]);
 }
-
-namespace detail {
-using namespace scissorhands::detail;
 
 // Float order as a signed integer order (NaN excluded): the bits of a
 // negative float count down as it grows, so they are flipped.
