@@ -2,18 +2,20 @@
 // Small pieces the engine tests share: a deterministic random source, token
 // contents derived from (request, layer, head, position), a 256-byte aligned
 // buffer, byte snapshots, and the steps every engine loop repeats (settings,
-// state rows, batch order, refused calls, the step's error report). Only the
-// hash finaliser comes from tests/host; nothing here calls the library's
-// selection code.
+// state rows, batch order, the step's error report). The hash finaliser,
+// the byte copies and the refusal check come from tests/host; nothing here
+// calls the library's selection code.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <new>
+#include <ranges>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,10 +23,13 @@
 
 #include <scissorhands/scissorhands.hpp>
 
+#include "../host/refusal.hpp"
 #include "../host/support.hpp"
 
 namespace engine_test {
 
+using sh_test::bytes_of;
+using sh_test::check_refused;
 using sh_test::mix64;
 
 // Another seed than tests/host's hash_of: the engine tests' data stays as it was.
@@ -93,34 +98,28 @@ class aligned_buffer {
   ~aligned_buffer() { std::free(data_); }
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
+  std::byte* begin() const { return data_; }  // a range, for bytes_of and push_bytes
+  std::byte* end() const { return data_ + size_; }
 
  private:
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
 };
 
-// The bytes of a buffer, for before/after comparisons.
-template <class T>
-std::vector<unsigned char> bytes_of(const T* data, std::size_t count) {
-  const auto* p = reinterpret_cast<const unsigned char*>(data);
-  return {p, p + count * sizeof(T)};
-}
-
 // Byte snapshots of everything a refused call must leave alone.
-using snapshot_t = std::vector<std::vector<unsigned char>>;
+using snapshot_t = std::vector<std::vector<std::byte>>;
 
-template <class T>
-void push_one(snapshot_t& s, const std::vector<T>& v) {
-  s.push_back(bytes_of(v.data(), v.size()));
+// The bytes of a range, or of each range of a group (as per layer), onto the snapshot.
+template <class Range>
+void push_one(snapshot_t& s, const Range& r) {
+  if constexpr (std::ranges::range<std::ranges::range_value_t<Range>>)
+    for (const auto& inner : r) push_one(s, inner);
+  else
+    s.push_back(bytes_of(r));
 }
-template <class T>
-void push_one(snapshot_t& s, const std::vector<std::vector<T>>& group) {
-  for (const auto& v : group) push_one(s, v);
-}
-// The bytes of each vector (or of each vector of a group, as per layer) onto the snapshot.
-template <class... Vectors>
-void push_bytes(snapshot_t& s, const Vectors&... vs) {
-  (push_one(s, vs), ...);
+template <class... Ranges>
+void push_bytes(snapshot_t& s, const Ranges&... ranges) {
+  (push_one(s, ranges), ...);
 }
 
 // A pool's contents before any token is written: per (tag, layer, element),
@@ -162,33 +161,27 @@ inline std::vector<std::int32_t> shuffled_order(std::size_t n, rng& r) {
   return order;
 }
 
-// `call` (described by `label`) must throw scissorhands::invalid_argument
-// from `function`, naming `argument` (also first in what()), and leave
-// snapshot() as it was; `refused`, where given, counts the calls.
-template <class Call, class Snapshot>
-void check_refused(const std::string& label, const std::string& function, const std::string& argument, Call call,
-                   const Snapshot& snapshot, std::int64_t* refused = nullptr) {
-  INFO("refused call: " << label);
-  const auto before = snapshot();
-  bool threw = false;
-  std::string what, fn, arg;
-  try {
-    call();
-  } catch (const scissorhands::invalid_argument& e) {
-    threw = true;
-    what = e.what();
-    fn = e.function();
-    arg = e.argument();
+// One counter of a run: what it counts and, where `minimum` is not -1,
+// how often a run must have done it (it went through what it is meant to).
+struct run_counter {
+  const char* name;
+  std::int64_t value;
+  std::int64_t minimum = -1;
+};
+
+// Prints the counters under SCISSORHANDS_ENGINE_VERBOSE; checks each minimum.
+inline void check_counters(const std::string& title, std::initializer_list<run_counter> counters) {
+  if (std::getenv("SCISSORHANDS_ENGINE_VERBOSE") != nullptr) {
+    std::ostringstream o;
+    o << title << "\n ";
+    for (const run_counter& c : counters) o << " " << c.name << " " << c.value << ",";
+    std::printf("%s\n", o.str().c_str());
   }
-  CHECK(threw);
-  if (threw) {
-    INFO("what(): " << what);
-    CHECK(fn == function);
-    CHECK(arg == argument);
-    CHECK(what.rfind("scissorhands::" + function + ": argument '" + argument + "'", 0) == 0);
-  }
-  CHECK((snapshot() == before));
-  if (refused != nullptr) ++*refused;
+  for (const run_counter& c : counters)
+    if (c.minimum >= 0) {
+      INFO(c.name << " = " << c.value);
+      CHECK(c.value >= c.minimum);
+    }
 }
 
 // A slot's K and V rows hold exactly what the token at `position` was

@@ -1,8 +1,8 @@
 #pragma once
-// Refusal checks of the host tests, in one place: a call given bad input
-// throws scissorhands::invalid_argument from the entry point named, names
-// the argument at fault (in its message too, which is what a user reads),
-// and writes nothing the caller owns. Also: byte snapshots for "nothing
+// Refusal checks of the host and engine tests, in one place: a call given
+// bad input throws scissorhands::invalid_argument from the entry point
+// named, names the argument at fault (in its message too, which is what a
+// user reads), and writes nothing the caller owns. Also: byte snapshots for "nothing
 // written", and test cases registered from a table.
 #include <catch2/catch.hpp>
 
@@ -10,6 +10,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,10 +31,20 @@ std::vector<std::vector<std::byte>> bytes_of_all(const Ranges&... r) {
   return {bytes_of(r)...};
 }
 
-// `owner.snapshot()`: every byte the caller owns that the call could write.
+// `call` must throw scissorhands::invalid_argument from `function`, naming
+// `argument` (its message starts "scissorhands::<function>: argument
+// '<argument>'", which is what a user reads), and leave every byte the
+// caller owns as it was: `owner.snapshot()`, or `owner()` where owner is a
+// callable (an engine loop's snapshot of its cache, state and tables).
 template <class Owner, class Call>
 void check_refused(const Owner& owner, const std::string& function, const std::string& argument, Call&& call) {
-  const auto before = owner.snapshot();
+  const auto snapshot = [&] {
+    if constexpr (std::is_invocable_v<const Owner&>)
+      return owner();
+    else
+      return owner.snapshot();
+  };
+  const auto before = snapshot();
   bool refused = false;
   try {
     call();
@@ -42,10 +53,10 @@ void check_refused(const Owner& owner, const std::string& function, const std::s
     INFO("message: " << e.what());
     CHECK(e.function() == function);
     CHECK(e.argument() == argument);
-    CHECK(std::string(e.what()).find(argument) != std::string::npos);
+    CHECK(std::string(e.what()).rfind("scissorhands::" + function + ": argument '" + argument + "'", 0) == 0);
   }
   CHECK(refused);
-  const bool untouched = owner.snapshot() == before;  // (a bool: Catch would print every byte)
+  const bool untouched = snapshot() == before;  // (a bool: Catch would print every byte)
   CHECK(untouched);
 }
 
