@@ -127,7 +127,6 @@ class quant_case {
   bool clean_settings_ = true;
   sh::kv_quantization q_{};
   std::int32_t batch_ = 1, heads_ = 1, head_dim_ = 1, code_bytes_ = 1, params_row_ = 1;
-  std::int32_t capacity_ = 1, page_size_ = 1, max_pages_ = 1, num_pages_ = 1;
   strides3 lay_[4];
   // What the library must make of each layout: nested (named or padded),
   // unique but maybe not nested (it may refuse), rows overlapping, a
@@ -138,7 +137,7 @@ class quant_case {
   std::vector<std::uint8_t> codes_[2];
   std::vector<float> params_[2];
   std::vector<float> twin_[2];  // the float twin's K and V (NHD)
-  std::vector<std::int32_t> lengths_, indptr_, indices_, last_page_len_, free_pages_;
+  seq_table<Paged> table_;
   sh::state_shape shape_{};
   aligned_buffer sbuf_[2];  // the quantized cache's state, the twin's
   state_type st_[2];
@@ -169,35 +168,18 @@ class quant_case {
   std::vector<std::int32_t> qo_, row_store_, out_store_;
 
   // ---- the model's cache ----------------------------------------------------
-  [[nodiscard]] std::int32_t pages(std::int32_t b) const {
-    return indptr_[static_cast<std::size_t>(b) + 1] - indptr_[static_cast<std::size_t>(b)];
-  }
-  [[nodiscard]] std::int32_t length(std::int32_t b) const {
-    if constexpr (Paged)
-      return paged_length(pages(b), page_size_, last_page_len_[static_cast<std::size_t>(b)]);
-    else
-      return lengths_[static_cast<std::size_t>(b)];
-  }
-  [[nodiscard]] std::int32_t extent0() const { return Paged ? num_pages_ : batch_; }
-  [[nodiscard]] std::int32_t extent2() const { return Paged ? page_size_ : capacity_; }
+  [[nodiscard]] std::int32_t extent0() const { return Paged ? table_.num_pages : batch_; }
+  [[nodiscard]] std::int32_t extent2() const { return Paged ? table_.page_size : table_.capacity; }
   [[nodiscard]] std::int32_t row_of(int which) const { return which < 2 ? code_bytes_ : params_row_; }
   // Where row (b, h, t) of strided buffer `which` starts, from the model's table.
   [[nodiscard]] std::int64_t offset(int which, std::int32_t b, std::int32_t h, std::int32_t t) const {
     const strides3& s = lay_[which];
-    if constexpr (Paged) {
-      const std::int32_t page = indices_[static_cast<std::size_t>(indptr_[static_cast<std::size_t>(b)] + t / page_size_)];
-      return std::int64_t{page} * s.outer + std::int64_t{h} * s.head + std::int64_t{t % page_size_} * s.token;
-    } else {
-      return std::int64_t{b} * s.outer + std::int64_t{h} * s.head + std::int64_t{t} * s.token;
-    }
+    const auto [outer, token] = table_.place(b, t);
+    return std::int64_t{outer} * s.outer + std::int64_t{h} * s.head + std::int64_t{token} * s.token;
   }
   [[nodiscard]] std::int64_t twin_offset(std::int32_t b, std::int32_t h, std::int32_t t) const {
-    if constexpr (Paged) {
-      const std::int32_t page = indices_[static_cast<std::size_t>(indptr_[static_cast<std::size_t>(b)] + t / page_size_)];
-      return ((std::int64_t{page} * page_size_ + t % page_size_) * heads_ + h) * head_dim_;
-    } else {
-      return ((std::int64_t{b} * capacity_ + t) * heads_ + h) * head_dim_;
-    }
+    const auto [outer, token] = table_.place(b, t);
+    return ((std::int64_t{outer} * extent2() + token) * heads_ + h) * head_dim_;
   }
   std::uint8_t* code_row(int kind, std::int32_t b, std::int32_t h, std::int32_t t) {
     return codes_[kind].data() + offset(kind, b, h, t);
@@ -216,18 +198,11 @@ class quant_case {
     if constexpr (Paged) {
       v.k_pages = codes(K);
       v.v_pages = codes(V);
-      v.indptr = sh::host_span<const std::int32_t>(indptr_.data(), indptr_.size());
-      v.indices = sh::host_span<const std::int32_t>(indices_.data(), indices_.size());
-      v.last_page_len = sh::host_span<const std::int32_t>(last_page_len_.data(), last_page_len_.size());
-      v.page_size = page_size_;
-      v.num_pages = num_pages_;
-      v.max_pages_per_sequence = max_pages_;
     } else {
       v.k = codes(K);
       v.v = codes(V);
-      v.lengths = sh::host_span<const std::int32_t>(lengths_.data(), lengths_.size());
-      v.capacity = capacity_;
     }
+    table_.describe(v);
     v.k_layout = layout(0);
     v.v_layout = layout(1);
     v.batch = batch_;
@@ -245,14 +220,14 @@ class quant_case {
     fview v{};
     if constexpr (Paged) {
       v = sh::make_paged_kv_view<float, memory_space::host>(
-          {twin_[K].data(), twin_[K].size()}, {twin_[V].data(), twin_[V].size()}, {indptr_.data(), indptr_.size()},
-          {indices_.data(), indices_.size()}, {last_page_len_.data(), last_page_len_.size()}, batch_, heads_,
-          head_dim_, page_size_, num_pages_, max_pages_);
+          {twin_[K].data(), twin_[K].size()}, {twin_[V].data(), twin_[V].size()}, {table_.indptr.data(), table_.indptr.size()},
+          {table_.indices.data(), table_.indices.size()}, {table_.last_page_len.data(), table_.last_page_len.size()}, batch_, heads_,
+          head_dim_, table_.page_size, table_.num_pages, table_.max_pages);
     } else {
       v = sh::make_kv_view<float, memory_space::host>({twin_[K].data(), twin_[K].size()},
                                                       {twin_[V].data(), twin_[V].size()},
-                                                      {lengths_.data(), lengths_.size()}, batch_, heads_, head_dim_,
-                                                      capacity_, sh::named_layout::nhd);
+                                                      {table_.lengths.data(), table_.lengths.size()}, batch_, heads_, head_dim_,
+                                                      table_.capacity, sh::named_layout::nhd);
     }
     return v;
   }
@@ -282,11 +257,11 @@ class quant_case {
                    params_row_ == (head_dim_ / q_.group_size) * (int4 ? 2 : 1),
                "kv_quantization: code_row_bytes or params_per_row");
     if constexpr (Paged) {
-      page_size_ = src_.i32(1, 5);
-      max_pages_ = src_.i32(1, 6);
-      num_pages_ = src_.i32(1, 12);
+      table_.page_size = src_.i32(1, 5);
+      table_.max_pages = src_.i32(1, 6);
+      table_.num_pages = src_.i32(1, 12);
     } else {
-      capacity_ = src_.i32(1, 24);
+      table_.capacity = src_.i32(1, 24);
     }
     for (int i = 0; i < 4; ++i) {
       bool clean = true;
@@ -308,14 +283,7 @@ class quant_case {
       for (auto& x : params_[kind]) x = gen_.uniform(-2.0f, 2.0f);
       for (auto& x : twin_[kind]) x = gen_.uniform(-4.0f, 4.0f);
     }
-    if constexpr (Paged) {
-      indptr_.assign(static_cast<std::size_t>(batch_) + 1, 0);
-      last_page_len_.assign(static_cast<std::size_t>(batch_), 0);
-      for (std::int32_t p = 0; p < num_pages_; ++p) free_pages_.push_back(p);
-      for (std::size_t i = free_pages_.size(); i > 1; --i) std::swap(free_pages_[i - 1], free_pages_[gen_.next() % i]);
-    } else {
-      lengths_.assign(static_cast<std::size_t>(batch_), 0);
-    }
+    table_.start(batch_, gen_);
 
     // Two states of one shape: the twin has the quantized cache's capacity.
     shape_ = sh::state_shape_for(policy_, make_qview());
@@ -323,7 +291,7 @@ class quant_case {
     FUZZ_CHECK(twin_shape.rows == shape_.rows && twin_shape.kv_heads == shape_.kv_heads &&
                    twin_shape.capacity == shape_.capacity && twin_shape.ring_words == shape_.ring_words,
                "state_shape_for: a quantized cache and its float twin differ");
-    FUZZ_CHECK(shape_.capacity == (Paged ? max_pages_ * page_size_ : capacity_), "state_shape_for: capacity");
+    FUZZ_CHECK(shape_.capacity == (Paged ? table_.max_pages * table_.page_size : table_.capacity), "state_shape_for: capacity");
     if (src_.flag()) shape_.capacity = std::min(shape_.capacity, src_.i32(1, 30));
     shape_.rows += src_.i32(0, 2);
     std::size_t bytes = 0;
@@ -356,7 +324,7 @@ class quant_case {
                "%lld); layout bad %d unknown %d; settings valid %d (m %d recent %d sinks %d %s); state capacity %d "
                "rows %d mapping %d\n",
                sh::name_of(q_.kind), q_.group_size, head_dim_, code_bytes_, params_row_, batch_, heads_,
-               Paged ? "paged, pages of" : "contiguous, capacity", Paged ? page_size_ : capacity_,
+               Paged ? "paged, pages of" : "contiguous, capacity", Paged ? table_.page_size : table_.capacity,
                static_cast<long long>(lay_[0].outer), static_cast<long long>(lay_[0].head),
                static_cast<long long>(lay_[0].token), static_cast<long long>(lay_[1].outer),
                static_cast<long long>(lay_[1].head), static_cast<long long>(lay_[1].token),
@@ -395,7 +363,7 @@ class quant_case {
         if (!append_one(b)) break;
     }
     FUZZ_TRACE("  lengths:");
-    for (std::int32_t b = 0; b < batch_; ++b) FUZZ_TRACE(" %d", length(b));
+    for (std::int32_t b = 0; b < batch_; ++b) FUZZ_TRACE(" %d", table_.length(b));
     FUZZ_TRACE("\n");
   }
 
@@ -403,23 +371,9 @@ class quant_case {
   // parameters), its dequantized values into the twin.
   bool append_one(std::int32_t b) {
     if (layout_bad_ >= 0) return false;  // the rows' addresses may leave the buffers
-    const std::int32_t len = length(b);
+    const std::int32_t len = table_.length(b);
     if (len >= shape_.capacity) return false;  // the engine keeps within the state's capacity
-    if constexpr (Paged) {
-      if (len == pages(b) * page_size_) {
-        if (free_pages_.empty() || pages(b) == max_pages_) return false;
-        const std::int32_t page = free_pages_.back();
-        free_pages_.pop_back();
-        const auto end = static_cast<std::size_t>(indptr_[static_cast<std::size_t>(b) + 1]);
-        indices_.insert(indices_.begin() + static_cast<std::ptrdiff_t>(end), page);
-        for (std::size_t i = static_cast<std::size_t>(b) + 1; i < indptr_.size(); ++i) ++indptr_[i];
-        last_page_len_[static_cast<std::size_t>(b)] = 0;
-      }
-      ++last_page_len_[static_cast<std::size_t>(b)];
-    } else {
-      if (len == capacity_) return false;
-      ++lengths_[static_cast<std::size_t>(b)];
-    }
+    if (!table_.grow(b)) return false;
     const std::int32_t id = next_id_[static_cast<std::size_t>(b)]++;
     std::vector<float> x(static_cast<std::size_t>(head_dim_));
     for (std::int32_t h = 0; h < heads_; ++h) {
@@ -446,17 +400,6 @@ class quant_case {
     return true;
   }
 
-  // The engine applies new lengths (they only shrink): contiguous, a copy;
-  // paged, through shrink_page_table, the pages back to the pool.
-  void apply_lengths(const std::vector<std::int32_t>& lengths) {
-    if constexpr (Paged) {
-      apply_page_lengths(indptr_, indices_, last_page_len_, page_size_, lengths, free_pages_,
-                         "quantized apply_lengths");
-    } else {
-      lengths_ = lengths;
-    }
-  }
-
   // The engine writes a non-finite or extreme value over one parameter of a
   // held row (K or V); the oracle's record and the twin follow.
   void poke() {
@@ -466,7 +409,7 @@ class quant_case {
     constexpr float values[] = {nan_f, inf_f, -inf_f, 3.4e38f, -3.4e38f, 1e-45f, -0.0f, 0.0f};
     const float x = values[src_.in(0, std::size(values) - 1)];
     const std::int32_t pick = src_.i32(0, 255);
-    const std::int32_t len = length(b);
+    const std::int32_t len = table_.length(b);
     if (len == 0 || layout_bad_ >= 0) return;
     const std::int32_t t = pick % len;
     const std::int32_t id = slots_[static_cast<std::size_t>(b)][static_cast<std::size_t>(h)][static_cast<std::size_t>(t)];
@@ -503,8 +446,8 @@ class quant_case {
     const std::int32_t b = src_.i32(0, batch_ - 1);
     if (layout_bad_ >= 0) return;
     std::vector<std::int32_t> lengths;
-    for (std::int32_t s = 0; s < batch_; ++s) lengths.push_back(s == b ? 0 : length(s));
-    apply_lengths(lengths);
+    for (std::int32_t s = 0; s < batch_; ++s) lengths.push_back(s == b ? 0 : table_.length(s));
+    table_.apply(lengths, "quantized apply_lengths");
     const std::int32_t r = rows_[static_cast<std::size_t>(b)];
     for (int i = 0; i < 2; ++i) {
       try {
@@ -574,7 +517,7 @@ class quant_case {
   // Whether a K parameter of slots [from, length) of sequence b is not finite.
   bool key_params_bad(std::int32_t b, std::int32_t from) {
     for (std::int32_t h = 0; h < heads_; ++h)
-      for (std::int32_t t = std::max(from, 0); t < length(b); ++t) {
+      for (std::int32_t t = std::max(from, 0); t < table_.length(b); ++t) {
         const float* p = param_row(K, b, h, t);
         for (std::int32_t i = 0; i < params_row_; ++i)
           if (!std::isfinite(p[i])) return true;
@@ -766,10 +709,7 @@ class quant_case {
     s.v_codes = codes_[V];
     s.k_params = bytes_of(params_[K].data(), params_[K].size());
     s.v_params = bytes_of(params_[V].data(), params_[V].size());
-    for (const auto* t : {&lengths_, &indptr_, &indices_, &last_page_len_}) {
-      const auto b = bytes_of(t->data(), t->size());
-      s.table.insert(s.table.end(), b.begin(), b.end());
-    }
+    s.table = table_.bytes();
     s.state = bytes_of(sbuf_[0].data, sbuf_[0].size);
     s.out = bytes_of(out_store_.data(), out_store_.size());
     for (const auto* f : {&qdata_, &lse_}) {
@@ -855,8 +795,8 @@ class quant_case {
   void after_observe(const char* fn) {
     check_states(fn);
     for (std::int32_t b = 0; b < batch_; ++b) {
-      FUZZ_CHECK(st_[0].tracked[rows_[static_cast<std::size_t>(b)]] == length(b), std::string(fn) + ": tracked != length");
-      admitted_[static_cast<std::size_t>(b)] = length(b);
+      FUZZ_CHECK(st_[0].tracked[rows_[static_cast<std::size_t>(b)]] == table_.length(b), std::string(fn) + ": tracked != length");
+      admitted_[static_cast<std::size_t>(b)] = table_.length(b);
     }
     check_positions(fn);
   }
@@ -875,14 +815,14 @@ class quant_case {
     qo_.assign(1, 0);
     if (ragged) {
       for (std::int32_t b = 0; b < batch_; ++b) {
-        const std::int32_t c = std::min(src_.i32(0, 3), length(b));
+        const std::int32_t c = std::min(src_.i32(0, 3), table_.length(b));
         counts[static_cast<std::size_t>(b)] = c;
         qo_.push_back(qo_.back() + c);
       }
     } else {
       q_len = src_.i32(0, 3);
       for (std::int32_t b = 0; b < batch_; ++b)
-        if (length(b) > 0) q_len = std::min(q_len, length(b));
+        if (table_.length(b) > 0) q_len = std::min(q_len, table_.length(b));
       std::fill(counts.begin(), counts.end(), q_len);
     }
     const std::int64_t total = ragged ? qo_.back() : std::int64_t{batch_} * q_len;
@@ -979,7 +919,7 @@ class quant_case {
     add_base(vd);
     qview mv = make_qview();
     std::int32_t max_len = 0;
-    for (std::int32_t b = 0; b < batch_; ++b) max_len = std::max(max_len, length(b));
+    for (std::int32_t b = 0; b < batch_; ++b) max_len = std::max(max_len, table_.length(b));
     const bool garbage_budget = src_.rarely();
     const std::int32_t budget = garbage_budget ? garbage_int(src_) : src_.i32(1, max_len + 1);
     const bool plan = src_.flag();
@@ -1022,7 +962,7 @@ class quant_case {
     // A sequence at the budget must have state for every token it holds.
     if (budget_ok && clean_settings_)
       for (std::int32_t b = 0; b < batch_; ++b)
-        if (length(b) >= budget && admitted_[static_cast<std::size_t>(b)] != length(b)) {
+        if (table_.length(b) >= budget && admitted_[static_cast<std::size_t>(b)] != table_.length(b)) {
           vd.refuse("sequence " + std::to_string(b) + " at the budget has unadmitted tokens", {"state"});
           break;
         }
@@ -1059,12 +999,12 @@ class quant_case {
     std::vector<std::int32_t> want_store(3 * n + 4, -7);
     const std::int32_t m = c.evict_count;
     for (std::size_t b = 0; b < n; ++b) {
-      const std::int32_t len = length(static_cast<std::int32_t>(b));
+      const std::int32_t len = table_.length(static_cast<std::int32_t>(b));
       const std::int32_t kept = len < budget ? len : budget - m;
       FUZZ_CHECK(new_lengths[b] == kept && twin_new[b] == kept, "compress: a new length");
       want_store[1 + b] = kept;
       if (!freed.empty()) {
-        const std::int32_t f = Paged ? pages(static_cast<std::int32_t>(b)) - pages_for(kept, page_size_) : 0;
+        const std::int32_t f = Paged ? table_.pages(static_cast<std::int32_t>(b)) - pages_for(kept, table_.page_size) : 0;
         FUZZ_CHECK(freed[b] == f && twin_freed[b] == f, "compress: freed pages");
         want_store[n + 2 + b] = f;
       }
@@ -1080,9 +1020,9 @@ class quant_case {
     const std::vector<std::uint8_t>* now[4] = {&after.k_codes, &after.v_codes, &after.k_params, &after.v_params};
     for (int i = 0; i < 4; ++i) may[i].assign(was[i]->size(), 0);
     for (std::int32_t b = 0; b < batch_; ++b) {
-      if (length(b) < budget) continue;
+      if (table_.length(b) < budget) continue;
       for (std::int32_t h = 0; h < heads_; ++h)
-        for (std::int32_t t = 0; t < length(b); ++t)
+        for (std::int32_t t = 0; t < table_.length(b); ++t)
           for (int i = 0; i < 4; ++i) {
             const std::size_t bytes = i < 2 ? static_cast<std::size_t>(code_bytes_) : sizeof(float) * static_cast<std::size_t>(params_row_);
             const std::size_t at = static_cast<std::size_t>(offset(i, b, h, t)) * (i < 2 ? 1 : sizeof(float));
@@ -1096,7 +1036,7 @@ class quant_case {
                                                        " outside the rows of the sequences it compacts");
     std::vector<float> deq(static_cast<std::size_t>(head_dim_));
     for (std::int32_t b = 0; b < batch_; ++b) {
-      const std::int32_t len = length(b);
+      const std::int32_t len = table_.length(b);
       if (len < budget) continue;
       const std::int32_t kept = budget - m;
       for (std::int32_t h = 0; h < heads_; ++h) {
@@ -1142,11 +1082,11 @@ class quant_case {
     for (const poke_rec& pk : pokes_) {
       const auto& ids = slots_[static_cast<std::size_t>(pk.b)][static_cast<std::size_t>(pk.h)];
       const auto at = std::find(ids.begin(), ids.end(), pk.id);
-      if (at != ids.end() && length(pk.b) >= budget)
+      if (at != ids.end() && table_.length(pk.b) >= budget)
         FUZZ_TRACE("  the poked %s parameters of token %d (sequence %d, head %d) moved with it to slot %d\n",
                    pk.kind == K ? "K" : "V", pk.id, pk.b, pk.h, static_cast<int>(at - ids.begin()));
     }
-    apply_lengths(std::vector<std::int32_t>(new_lengths.begin(), new_lengths.end()));
+    table_.apply(std::vector<std::int32_t>(new_lengths.begin(), new_lengths.end()), "quantized apply_lengths");
     check_positions(fn);
     return true;
   }

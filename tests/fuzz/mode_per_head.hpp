@@ -24,7 +24,6 @@ namespace {
 // One fuzz case.
 template <class Policy, bool Paged>
 class fuzz_case {
-  using cache_model = std::conditional_t<Paged, paged_cache, contiguous_cache>;
   using view_type =
       std::conditional_t<Paged, sh::host_paged_kv_view<float>, sh::host_kv_view<float>>;
   using state_type = sh::eviction_state<memory_space::host>;
@@ -49,7 +48,7 @@ class fuzz_case {
   byte_source& src_;
   generator gen_{0};
   Policy policy_{};
-  cache_model cache_;
+  cache_model<Paged> cache_;
   bool clean_settings_ = true;  // the settings pass validation
   bool clean_layout_ = true;    // strides unique and buffers large enough
   bool clean_state_ = true;     // positions, scores, counts, ring hold only what the library wrote
@@ -94,15 +93,7 @@ class fuzz_case {
     if (kx > static_cast<std::int64_t>(max_elements) || vx > static_cast<std::int64_t>(max_elements)) return false;
     cache_.k.resize(static_cast<std::size_t>(kx));
     cache_.v.resize(static_cast<std::size_t>(vx));
-    if constexpr (Paged) {
-      cache_.indptr.assign(static_cast<std::size_t>(s.batch) + 1, 0);
-      cache_.last_page_len.assign(static_cast<std::size_t>(s.batch), 0);
-      for (std::int32_t p = 0; p < cache_.num_pages; ++p) cache_.free_pages.push_back(p);
-      for (std::size_t i = cache_.free_pages.size(); i > 1; --i)  // shuffled: page ids out of order
-        std::swap(cache_.free_pages[i - 1], cache_.free_pages[gen_.next() % i]);
-    } else {
-      cache_.lengths.assign(static_cast<std::size_t>(s.batch), 0);
-    }
+    cache_.start(s.batch, gen_);
     // Unwritten rows hold a pattern, so a stray read of one shows in the results.
     for (auto& x : cache_.k) x = gen_.uniform(-4.0f, 4.0f);
     for (auto& x : cache_.v) x = gen_.uniform(-4.0f, 4.0f);
@@ -199,33 +190,7 @@ class fuzz_case {
   }
 
   // ---- views ----------------------------------------------------------------
-  view_type make_view() {
-    const common_shape& s = cache_.shape;
-    view_type v{};
-    if constexpr (Paged) {
-      v.k_pages = sh::host_span<float>(cache_.k.data(), cache_.k.size());
-      v.v_pages = sh::host_span<float>(cache_.v.data(), cache_.v.size());
-      v.k_layout = {cache_.kl.outer, cache_.kl.head, cache_.kl.token};
-      v.v_layout = {cache_.vl.outer, cache_.vl.head, cache_.vl.token};
-      v.indptr = sh::host_span<const std::int32_t>(cache_.indptr.data(), cache_.indptr.size());
-      v.indices = sh::host_span<const std::int32_t>(cache_.indices.data(), cache_.indices.size());
-      v.last_page_len = sh::host_span<const std::int32_t>(cache_.last_page_len.data(), cache_.last_page_len.size());
-      v.page_size = cache_.page_size;
-      v.num_pages = cache_.num_pages;
-      v.max_pages_per_sequence = cache_.max_pages;
-    } else {
-      v.k = sh::host_span<float>(cache_.k.data(), cache_.k.size());
-      v.v = sh::host_span<float>(cache_.v.data(), cache_.v.size());
-      v.k_layout = {cache_.kl.outer, cache_.kl.head, cache_.kl.token};
-      v.v_layout = {cache_.vl.outer, cache_.vl.head, cache_.vl.token};
-      v.lengths = sh::host_span<const std::int32_t>(cache_.lengths.data(), cache_.lengths.size());
-      v.capacity = cache_.capacity;
-    }
-    v.batch = s.batch;
-    v.kv_heads = s.kv_heads;
-    v.head_dim = s.head_dim;
-    return v;
-  }
+  view_type make_view() { return view_of(cache_, cache_.shape, cache_.k, cache_.v, cache_.kl, cache_.vl); }
 
   // Scratch that the calls' spans point at, kept alive for the call and
   // part of every snapshot.
@@ -457,22 +422,7 @@ class fuzz_case {
       if (rows_[static_cast<std::size_t>(b)] < 0) continue;  // a padding slot holds no token
       while (n-- > 0) {
         const std::int32_t len = cache_.length(b);
-        if (respect_capacity_ && len >= state_shape_.capacity) break;
-        if constexpr (Paged) {
-          if (len == cache_.capacity_of(b)) {  // needs a new page
-            if (cache_.free_pages.empty() || cache_.pages(b) == cache_.max_pages) break;
-            const std::int32_t page = cache_.free_pages.back();
-            cache_.free_pages.pop_back();
-            const auto end = static_cast<std::size_t>(cache_.indptr[static_cast<std::size_t>(b) + 1]);
-            cache_.indices.insert(cache_.indices.begin() + static_cast<std::ptrdiff_t>(end), page);
-            for (std::size_t i = static_cast<std::size_t>(b) + 1; i < cache_.indptr.size(); ++i) ++cache_.indptr[i];
-            cache_.last_page_len[static_cast<std::size_t>(b)] = 0;
-          }
-          ++cache_.last_page_len[static_cast<std::size_t>(b)];
-        } else {
-          if (len == cache_.capacity) break;
-          ++cache_.lengths[static_cast<std::size_t>(b)];
-        }
+        if ((respect_capacity_ && len >= state_shape_.capacity) || !cache_.grow(b)) break;
         const view_type v = make_view();
         for (std::int32_t h = 0; h < s.kv_heads; ++h) {
           write_row(cache_.k, row_at(v, true, b, h, len));
@@ -485,23 +435,6 @@ class fuzz_case {
     FUZZ_TRACE("\n");
   }
 
-  // Sets the model's lengths: contiguous, a copy; paged, through
-  // shrink_page_table (lengths may only shrink), its pages back to the pool.
-  void apply_lengths(const std::vector<std::int32_t>& lengths) {
-    if constexpr (Paged) {
-      apply_page_lengths(cache_.indptr, cache_.indices, cache_.last_page_len, cache_.page_size, lengths,
-                         cache_.free_pages, "apply_lengths");
-    } else {
-      cache_.lengths = lengths;
-    }
-  }
-
-  [[nodiscard]] std::vector<std::int32_t> model_lengths() const {
-    std::vector<std::int32_t> out;
-    for (std::int32_t b = 0; b < cache_.shape.batch; ++b) out.push_back(cache_.length(b));
-    return out;
-  }
-
   // The scheduler moves two requests to each other's batch positions: their
   // K/V rows (contiguous) or page lists (paged) and their state rows move
   // with them; the state itself stays where it is.
@@ -510,12 +443,8 @@ class fuzz_case {
     const std::int32_t b1 = src_.i32(0, s.batch - 1), b2 = src_.i32(0, s.batch - 1);
     if (!clean_cache_ || !clean_layout_ || b1 == b2) return;
     FUZZ_TRACE("  swap positions %d and %d\n", b1, b2);
-    if constexpr (Paged) {
-      swap_page_lists(cache_.indptr, cache_.indices, cache_.last_page_len, b1, b2);
-    } else {
-      swap_sequence_rows(make_view(), cache_.k, cache_.v, b1, b2);
-      std::swap(cache_.lengths[static_cast<std::size_t>(b1)], cache_.lengths[static_cast<std::size_t>(b2)]);
-    }
+    if constexpr (!Paged) swap_sequence_rows(make_view(), cache_.k, cache_.v, b1, b2);
+    cache_.swap(b1, b2);
     swap_mapped_rows(rows_, pass_rows_, b1, b2);
   }
 
@@ -527,9 +456,9 @@ class fuzz_case {
   bool retire() {
     const retire_step step = decode_retire(src_, cache_.shape.batch);
     if (!clean_cache_ || !clean_layout_) return true;
-    std::vector<std::int32_t> lengths = model_lengths();
+    std::vector<std::int32_t> lengths = cache_.all_lengths();
     lengths[static_cast<std::size_t>(step.position)] = 0;
-    apply_lengths(lengths);
+    cache_.apply(lengths, "retire");
     const std::int32_t row = retire_row(step, rows_, pass_rows_, state_shape_.rows, gen_);
     if (row < 0 || step.forget) return true;
     return reset_row(row, step.start, expect::ok);
@@ -543,12 +472,12 @@ class fuzz_case {
     const std::int32_t b = src_.i32(0, s.batch - 1);
     const std::int32_t k = src_.i32(1, 3);
     if (!clean_cache_ || !clean_layout_) return;
-    apply_lengths(rolled_back(model_lengths(), b, k));
+    cache_.apply(rolled_back(cache_.all_lengths(), b, k), "rollback");
   }
 
   // ---- snapshots -----------------------------------------------------------
   struct snapshot {
-    std::vector<std::uint8_t> k, v, lengths, indptr, indices, state, scratch, out;
+    std::vector<std::uint8_t> k, v, table, state, scratch, out;
     bool operator==(const snapshot&) const = default;
   };
 
@@ -556,13 +485,7 @@ class fuzz_case {
     snapshot s;
     s.k = bytes_of(cache_.k.data(), cache_.k.size());
     s.v = bytes_of(cache_.v.data(), cache_.v.size());
-    if constexpr (Paged) {
-      s.lengths = bytes_of(cache_.last_page_len.data(), cache_.last_page_len.size());
-      s.indptr = bytes_of(cache_.indptr.data(), cache_.indptr.size());
-      s.indices = bytes_of(cache_.indices.data(), cache_.indices.size());
-    } else {
-      s.lengths = bytes_of(cache_.lengths.data(), cache_.lengths.size());
-    }
+    s.table = cache_.bytes();
     s.state = bytes_of(state_buffer_.data, state_buffer_.size);
     for (const auto* scratch : {&scratch_i_, &scratch_len_, &qo_store_, &rc_.storage, &rows_}) {
       const auto b = bytes_of(scratch->data(), scratch->size());
@@ -742,7 +665,7 @@ class fuzz_case {
   void check_after_observe(const view_type& v, const snapshot& before, const std::vector<std::int32_t>& counts) {
     const snapshot after = take();
     FUZZ_CHECK(after.k == before.k && after.v == before.v, "observe wrote to the cache");
-    FUZZ_CHECK(after.lengths == before.lengths && after.indptr == before.indptr && after.indices == before.indices &&
+    FUZZ_CHECK(after.table == before.table &&
                    after.scratch == before.scratch && after.out == before.out,
                "observe changed lengths, the page table or an argument it only reads");
     std::vector<std::uint8_t> est = before.state;
@@ -1368,7 +1291,7 @@ class fuzz_case {
     check_after_compress(v, before, budget, new_lengths, freed);
     if (damage != expect::ok || rc_.damage != expect::ok) return false;
     // The engine applies the new lengths (one layer: right away).
-    apply_lengths(std::vector<std::int32_t>(new_lengths.begin(), new_lengths.end()));
+    cache_.apply(std::vector<std::int32_t>(new_lengths.begin(), new_lengths.end()), "compress");
     return true;
   }
 
@@ -1436,7 +1359,7 @@ class fuzz_case {
     const sh::settings& c = policy_.config;
     const snapshot after = take();
     // The library never writes the lengths or the page table.
-    FUZZ_CHECK(after.lengths == before.lengths && after.indptr == before.indptr && after.indices == before.indices &&
+    FUZZ_CHECK(after.table == before.table &&
                    after.scratch == before.scratch,
                "compress wrote the lengths, the page table or an argument it only reads");
     // Expected bytes: start from before, then mark what compress may change.

@@ -85,10 +85,7 @@ class layers_case {
   bool clean_settings_ = true;
   common_shape shape_;
   std::int32_t layers_ = 1;
-  std::int32_t capacity_ = 1;          // contiguous
-  std::vector<std::int32_t> lengths_;  // contiguous
-  std::int32_t page_size_ = 1, num_pages_ = 1, max_pages_ = 1;  // paged
-  std::vector<std::int32_t> indptr_, indices_, last_page_len_, free_pages_;
+  seq_table<Paged> table_;
   std::vector<layer_kv> kv_;
   std::vector<std::vector<std::vector<std::int64_t>>> ids_;  // [layer][b][slot]: the engine's token at each slot
   std::int64_t next_id_ = 0;
@@ -105,47 +102,9 @@ class layers_case {
   std::string damage_note_;
 
   // ---- the engine's cache ---------------------------------------------------
-  [[nodiscard]] std::int32_t pages(std::int32_t b) const {
-    return indptr_[static_cast<std::size_t>(b) + 1] - indptr_[static_cast<std::size_t>(b)];
-  }
-  [[nodiscard]] std::int32_t length(std::int32_t b) const {
-    if constexpr (Paged)
-      return paged_length(pages(b), page_size_, last_page_len_[static_cast<std::size_t>(b)]);
-    else
-      return lengths_[static_cast<std::size_t>(b)];
-  }
-  [[nodiscard]] std::vector<std::int32_t> model_lengths() const {
-    std::vector<std::int32_t> out;
-    for (std::int32_t b = 0; b < shape_.batch; ++b) out.push_back(length(b));
-    return out;
-  }
-
   view_type make_view(std::int32_t l) {
     layer_kv& kv = kv_[static_cast<std::size_t>(l)];
-    view_type v{};
-    if constexpr (Paged) {
-      v.k_pages = sh::host_span<float>(kv.k.data(), kv.k.size());
-      v.v_pages = sh::host_span<float>(kv.v.data(), kv.v.size());
-      v.k_layout = {kv.kl.outer, kv.kl.head, kv.kl.token};
-      v.v_layout = {kv.vl.outer, kv.vl.head, kv.vl.token};
-      v.indptr = sh::host_span<const std::int32_t>(indptr_.data(), indptr_.size());
-      v.indices = sh::host_span<const std::int32_t>(indices_.data(), indices_.size());
-      v.last_page_len = sh::host_span<const std::int32_t>(last_page_len_.data(), last_page_len_.size());
-      v.page_size = page_size_;
-      v.num_pages = num_pages_;
-      v.max_pages_per_sequence = max_pages_;
-    } else {
-      v.k = sh::host_span<float>(kv.k.data(), kv.k.size());
-      v.v = sh::host_span<float>(kv.v.data(), kv.v.size());
-      v.k_layout = {kv.kl.outer, kv.kl.head, kv.kl.token};
-      v.v_layout = {kv.vl.outer, kv.vl.head, kv.vl.token};
-      v.lengths = sh::host_span<const std::int32_t>(lengths_.data(), lengths_.size());
-      v.capacity = capacity_;
-    }
-    v.batch = shape_.batch;
-    v.kv_heads = shape_.kv_heads;
-    v.head_dim = shape_.head_dim;
-    return v;
+    return view_of(table_, shape_, kv.k, kv.v, kv.kl, kv.vl);
   }
 
   // The element of a token's K or V row: a function of the layer, K or V,
@@ -179,8 +138,8 @@ class layers_case {
       const layer_kv& kv = kv_[static_cast<std::size_t>(l)];
       for (std::int32_t b = 0; b < shape_.batch; ++b) {
         const auto& ids = ids_[static_cast<std::size_t>(l)][static_cast<std::size_t>(b)];
-        FUZZ_CHECK(static_cast<std::int32_t>(ids.size()) == length(b), std::string("token list length, ") + when);
-        for (std::int32_t t = 0; t < length(b); ++t)
+        FUZZ_CHECK(static_cast<std::int32_t>(ids.size()) == table_.length(b), std::string("token list length, ") + when);
+        for (std::int32_t t = 0; t < table_.length(b); ++t)
           for (std::int32_t h = 0; h < shape_.kv_heads; ++h)
             for (int kind = 0; kind < 2; ++kind) {
               const float* row = (kind == 0 ? kv.k : kv.v).data() + row_at(v, kind == 0, b, h, t);
@@ -210,20 +169,16 @@ class layers_case {
     std::int32_t e0 = s.batch, e2 = 1;
     const auto nb = static_cast<std::size_t>(s.batch);
     if constexpr (Paged) {
-      page_size_ = src_.flag() ? 1 : src_.i32(1, 4);  // page size 1: a slot-list engine
-      max_pages_ = src_.i32(1, 8);
-      num_pages_ = src_.i32(1, 16);
-      e0 = num_pages_;
-      e2 = page_size_;
-      indptr_.assign(nb + 1, 0);
-      last_page_len_.assign(nb, 0);
-      for (std::int32_t p = 0; p < num_pages_; ++p) free_pages_.push_back(p);
-      for (std::size_t i = free_pages_.size(); i > 1; --i) std::swap(free_pages_[i - 1], free_pages_[gen_.next() % i]);
+      table_.page_size = src_.flag() ? 1 : src_.i32(1, 4);  // page size 1: a slot-list engine
+      table_.max_pages = src_.i32(1, 8);
+      table_.num_pages = src_.i32(1, 16);
+      e0 = table_.num_pages;
+      e2 = table_.page_size;
     } else {
-      capacity_ = src_.i32(1, 24);
-      e2 = capacity_;
-      lengths_.assign(nb, 0);
+      table_.capacity = src_.i32(1, 24);
+      e2 = table_.capacity;
     }
+    table_.start(s.batch, gen_);
     kv_.resize(static_cast<std::size_t>(layers_));
     for (layer_kv& kv : kv_)
       for (int kind = 0; kind < 2; ++kind) {
@@ -292,7 +247,7 @@ class layers_case {
     append(true);
     FUZZ_TRACE("layers setup: layers %d batch %d heads %d dim %d paged %d page_size %d rows %d state capacity %d "
                "pass_rows %d m %d recent %d sinks %d mode %d\n",
-               layers_, s.batch, s.kv_heads, s.head_dim, int(Paged), page_size_, sshape_.rows, sshape_.capacity,
+               layers_, s.batch, s.kv_heads, s.head_dim, int(Paged), table_.page_size, sshape_.rows, sshape_.capacity,
                int(pass_rows_), policy_.config.evict_count, policy_.config.recent, policy_.config.sinks,
                int(policy_.config.compaction_mode));
     return true;
@@ -304,22 +259,8 @@ class layers_case {
       std::int32_t n = initial ? src_.i32(0, 26) : src_.i32(0, 3);
       if (rows_[static_cast<std::size_t>(b)] < 0) continue;  // a padding slot holds no token
       while (n-- > 0) {
-        const std::int32_t len = length(b);
-        if (respect_capacity_ && len >= sshape_.capacity) break;
-        if constexpr (Paged) {
-          if (len == pages(b) * page_size_) {  // a new page
-            if (free_pages_.empty() || pages(b) == max_pages_) break;
-            const std::int32_t page = free_pages_.back();
-            free_pages_.pop_back();
-            indices_.insert(indices_.begin() + indptr_[static_cast<std::size_t>(b) + 1], page);
-            for (std::size_t i = static_cast<std::size_t>(b) + 1; i < indptr_.size(); ++i) ++indptr_[i];
-            last_page_len_[static_cast<std::size_t>(b)] = 0;
-          }
-          ++last_page_len_[static_cast<std::size_t>(b)];
-        } else {
-          if (len == capacity_) break;
-          ++lengths_[static_cast<std::size_t>(b)];
-        }
+        const std::int32_t len = table_.length(b);
+        if ((respect_capacity_ && len >= sshape_.capacity) || !table_.grow(b)) break;
         const std::int64_t id = next_id_++;
         for (std::int32_t l = 0; l < layers_; ++l) {
           ids_[static_cast<std::size_t>(l)][static_cast<std::size_t>(b)].push_back(id);
@@ -328,18 +269,14 @@ class layers_case {
       }
     }
     FUZZ_TRACE("  lengths:");
-    for (std::int32_t b = 0; b < shape_.batch; ++b) FUZZ_TRACE(" %d", length(b));
+    for (std::int32_t b = 0; b < shape_.batch; ++b) FUZZ_TRACE(" %d", table_.length(b));
     FUZZ_TRACE("\n");
   }
 
   // Sets the lengths (they only shrink): a copy, or shrink_page_table with
   // the released pages back to the pool.
   void apply_lengths(const std::vector<std::int32_t>& lengths) {
-    if constexpr (Paged) {
-      apply_page_lengths(indptr_, indices_, last_page_len_, page_size_, lengths, free_pages_, "layers");
-    } else {
-      lengths_ = lengths;
-    }
+    table_.apply(lengths, "layers");
     for (auto& layer : ids_)
       for (std::int32_t b = 0; b < shape_.batch; ++b)
         layer[static_cast<std::size_t>(b)].resize(static_cast<std::size_t>(lengths[static_cast<std::size_t>(b)]));
@@ -349,13 +286,10 @@ class layers_case {
     const std::int32_t b1 = src_.i32(0, shape_.batch - 1), b2 = src_.i32(0, shape_.batch - 1);
     if (b1 == b2) return;
     FUZZ_TRACE("  swap positions %d and %d\n", b1, b2);
-    if constexpr (Paged) {
-      swap_page_lists(indptr_, indices_, last_page_len_, b1, b2);
-    } else {
+    if constexpr (!Paged)
       for (std::int32_t l = 0; l < layers_; ++l)
         swap_sequence_rows(make_view(l), kv_[static_cast<std::size_t>(l)].k, kv_[static_cast<std::size_t>(l)].v, b1, b2);
-      std::swap(lengths_[static_cast<std::size_t>(b1)], lengths_[static_cast<std::size_t>(b2)]);
-    }
+    table_.swap(b1, b2);
     for (auto& layer : ids_) std::swap(layer[static_cast<std::size_t>(b1)], layer[static_cast<std::size_t>(b2)]);
     swap_mapped_rows(rows_, pass_rows_, b1, b2);
   }
@@ -365,7 +299,7 @@ class layers_case {
   // in every layer (rarely it forgets).
   void retire() {
     const retire_step step = decode_retire(src_, shape_.batch);
-    std::vector<std::int32_t> lengths = model_lengths();
+    std::vector<std::int32_t> lengths = table_.all_lengths();
     lengths[static_cast<std::size_t>(step.position)] = 0;
     apply_lengths(lengths);
     const std::int32_t row = retire_row(step, rows_, pass_rows_, sshape_.rows, gen_);
@@ -376,13 +310,13 @@ class layers_case {
   void rollback() {
     const std::int32_t b = src_.i32(0, shape_.batch - 1);
     const std::int32_t k = src_.i32(1, 3);
-    apply_lengths(rolled_back(model_lengths(), b, k));
+    apply_lengths(rolled_back(table_.all_lengths(), b, k));
   }
 
   // ---- snapshots ------------------------------------------------------------
   struct snapshot {
     std::vector<std::vector<std::uint8_t>> k, v;
-    std::vector<std::uint8_t> lengths, indptr, indices, state, sel, probe, other;
+    std::vector<std::uint8_t> table, state, sel, probe, other;
     bool operator==(const snapshot&) const = default;
   };
   [[nodiscard]] snapshot take() const {
@@ -391,13 +325,7 @@ class layers_case {
       s.k.push_back(bytes_of(kv.k.data(), kv.k.size()));
       s.v.push_back(bytes_of(kv.v.data(), kv.v.size()));
     }
-    if constexpr (Paged) {
-      s.lengths = bytes_of(last_page_len_.data(), last_page_len_.size());
-      s.indptr = bytes_of(indptr_.data(), indptr_.size());
-      s.indices = bytes_of(indices_.data(), indices_.size());
-    } else {
-      s.lengths = bytes_of(lengths_.data(), lengths_.size());
-    }
+    s.table = table_.bytes();
     s.state = bytes_of(state_buffer_.data, state_buffer_.size);
     s.sel = bytes_of(sel_store_.data(), sel_store_.size());
     s.probe = bytes_of(probe_store_.data(), probe_store_.size());
@@ -414,11 +342,7 @@ class layers_case {
       if (!bytes.empty()) std::memcpy(vec.data(), bytes.data(), bytes.size());
     };
     for (std::size_t l = 0; l < kv_.size(); ++l) put(kv_[l].k, s.k[l]), put(kv_[l].v, s.v[l]);
-    if constexpr (Paged) {
-      put(last_page_len_, s.lengths), put(indptr_, s.indptr), put(indices_, s.indices);
-    } else {
-      put(lengths_, s.lengths);
-    }
+    table_.restore(s.table);
     std::memcpy(state_buffer_.data, s.state.data(), s.state.size());
     put(sel_store_, s.sel), put(probe_store_, s.probe);
   }
@@ -510,7 +434,7 @@ class layers_case {
     const state_type s = layer(l);
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
       const std::int32_t r = rc.used[static_cast<std::size_t>(b)];
-      const std::int32_t len = length(b);
+      const std::int32_t len = table_.length(b);
       if (r < 0) {
         if (len != 0) return true;
         continue;
@@ -544,14 +468,14 @@ class layers_case {
         case 5: v.last_page_len = {v.last_page_len.data(), v.last_page_len.size() - 1}; return expect::refuse;
         case 6: v.kv_heads = src_.flag() ? 0 : shape_.kv_heads + 1; return expect::refuse;  // the state's heads differ
         case 7:
-          scratch_ = indices_;
+          scratch_ = table_.indices;
           if (scratch_.empty()) return expect::ok;
           scratch_[static_cast<std::size_t>(src_.in(0, static_cast<std::int64_t>(scratch_.size()) - 1))] =
-              src_.flag() ? num_pages_ : -1;  // a page outside the pool
+              src_.flag() ? table_.num_pages : -1;  // a page outside the pool
           v.indices = {scratch_.data(), scratch_.size()};
           return expect::refuse;
         default: {  // a page listed twice: fine to read, refused where compact writes
-          scratch_ = indices_;
+          scratch_ = table_.indices;
           if (scratch_.size() < 2) return expect::ok;
           const auto i = static_cast<std::size_t>(src_.in(0, static_cast<std::int64_t>(scratch_.size()) - 1));
           const auto j = static_cast<std::size_t>(src_.in(0, static_cast<std::int64_t>(scratch_.size()) - 1));
@@ -576,9 +500,9 @@ class layers_case {
         case 7: v.capacity = 0; return expect::refuse;
         case 8: v.head_dim = 0; return expect::refuse;
         default:  // a smaller capacity: valid while every length fits
-          v.capacity = capacity_ - 1;
+          v.capacity = table_.capacity - 1;
           for (std::int32_t b = 0; b < batch; ++b)
-            if (length(b) > v.capacity) return expect::refuse;
+            if (table_.length(b) > v.capacity) return expect::refuse;
           return expect::unknown;
       }
     }
@@ -631,8 +555,8 @@ class layers_case {
     const bool through_model = src_.flag();
     std::int32_t q_len = src_.i32(0, 3), max_len = 1;
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
-      if (length(b) > 0) q_len = std::min(q_len, length(b));
-      max_len = std::max(max_len, length(b));
+      if (table_.length(b) > 0) q_len = std::min(q_len, table_.length(b));
+      max_len = std::max(max_len, table_.length(b));
     }
     const std::int32_t q_heads = shape_.kv_heads * group;
     const call_rows rc = pick_rows(false);
@@ -646,7 +570,7 @@ class layers_case {
       // Dense [batch][q_heads][q_len][max_len]; invisible columns NaN.
       std::vector<float> probs(std::max<std::size_t>(nb * static_cast<std::size_t>(q_heads * q_len * max_len), 1), nan_f);
       for (std::int32_t b = 0; b < shape_.batch; ++b) {
-        const std::int32_t len = length(b);
+        const std::int32_t len = table_.length(b);
         if (len == 0) continue;
         for (std::int32_t qh = 0; qh < q_heads; ++qh)
           for (std::int32_t j = 0; j < q_len; ++j) {
@@ -673,8 +597,7 @@ class layers_case {
         continue;
       // Only layer l's state changed, and its mapped rows track every token.
       const snapshot after = take();
-      FUZZ_CHECK(after.k == before.k && after.v == before.v && after.lengths == before.lengths &&
-                     after.indptr == before.indptr && after.indices == before.indices && after.other == before.other,
+      FUZZ_CHECK(after.k == before.k && after.v == before.v && after.table == before.table && after.other == before.other,
                  "observe (layers) wrote the cache, the table or an argument it only reads");
       const std::size_t lo = model_.layer_bytes * static_cast<std::size_t>(l), hi = lo + model_.layer_bytes;
       FUZZ_CHECK(std::equal(after.state.begin(), after.state.begin() + static_cast<std::ptrdiff_t>(lo), before.state.begin()) &&
@@ -683,7 +606,7 @@ class layers_case {
                  "observe of one layer wrote another layer's state");
       for (std::int32_t b = 0; b < shape_.batch; ++b) {
         const std::int32_t r = rc.used[static_cast<std::size_t>(b)];
-        if (r >= 0) FUZZ_CHECK(layer(l).tracked[r] == length(b), "observe (layers): tracked != length");
+        if (r >= 0) FUZZ_CHECK(layer(l).tracked[r] == table_.length(b), "observe (layers): tracked != length");
       }
     }
   }
@@ -805,13 +728,13 @@ class layers_case {
       }
       case 3:
         if constexpr (Paged)
-          v.last_page_len = copy_into_scratch(last_page_len_);
+          v.last_page_len = copy_into_scratch(table_.last_page_len);
         else
-          v.lengths = copy_into_scratch(lengths_);
+          v.lengths = copy_into_scratch(table_.lengths);
         break;
       default:
         if constexpr (Paged) {
-          v.indices = copy_into_scratch(indices_);
+          v.indices = copy_into_scratch(table_.indices);
         } else if (rc.span.data() != nullptr && rc.span.data() == rows_store_.data()) {
           const std::vector<std::int32_t> rows(rows_store_.begin(), rows_store_.end());
           rows_store_.assign(size / 4 + rows.size() + 4, -9);
@@ -929,7 +852,7 @@ class layers_case {
       if (layer_refuses(l, c.rc)) return expect::refuse;
     const state_type s0 = layer(0);
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
-      const std::int32_t len = length(b);
+      const std::int32_t len = table_.length(b);
       const std::int32_t pinned = c.pinned.empty() ? 0 : c.pinned[static_cast<std::size_t>(b)];
       if (pinned < 0 || pinned > len) return expect::refuse;
       if (len < c.budget) continue;
@@ -957,8 +880,7 @@ class layers_case {
   void check_select(const select_call& c, const snapshot& before) {
     const snapshot after = take();
     const bool in_probe = c.store == &probe_store_;
-    FUZZ_CHECK(after.k == before.k && after.v == before.v && after.lengths == before.lengths &&
-                   after.indptr == before.indptr && after.indices == before.indices && after.state == before.state &&
+    FUZZ_CHECK(after.k == before.k && after.v == before.v && after.table == before.table && after.state == before.state &&
                    after.other == before.other && (in_probe ? after.sel == before.sel : after.probe == before.probe),
                "select wrote the cache, the lengths, the table, the model state or an argument it only reads");
     const std::vector<std::uint8_t>& old = in_probe ? before.probe : before.sel;
@@ -1077,7 +999,7 @@ class layers_case {
     switch (target) {
       case 0: {  // the lengths the view reads: a copy inside a larger array
         scratch_.assign(3 * nb + 2 + n, -9);
-        const std::vector<std::int32_t>& src = Paged ? last_page_len_ : lengths_;
+        const std::vector<std::int32_t>& src = Paged ? table_.last_page_len : table_.lengths;
         std::copy(src.begin(), src.end(), scratch_.begin() + static_cast<std::ptrdiff_t>(nb + 1));
         if constexpr (Paged)
           c.v.last_page_len = {scratch_.data() + nb + 1, nb};
@@ -1089,14 +1011,14 @@ class layers_case {
       }
       case 1:
         if constexpr (Paged) {
-          tp = indptr_.data(), tn = 4 * indptr_.size();
-          moved = over(indptr_.data(), tn, 0);
+          tp = table_.indptr.data(), tn = 4 * table_.indptr.size();
+          moved = over(table_.indptr.data(), tn, 0);
         }
         break;
       case 2:
         if constexpr (Paged) {
-          tp = indices_.data(), tn = 4 * indices_.size();
-          moved = over(indices_.data(), tn, 0);
+          tp = table_.indices.data(), tn = 4 * table_.indices.size();
+          moved = over(table_.indices.data(), tn, 0);
         }
         break;
       case 3:
@@ -1235,8 +1157,8 @@ class layers_case {
             c.pinned = {pinned_store_.data(), src_.flag() ? nb + 1 : nb - 1};  // nb - 1 = 0: no pinned prefix
             c.structural = c.pinned.size() != 0;
             break;
-          case 2: pinned_store_[at] = src_.flag() ? -1 : length(static_cast<std::int32_t>(at)) + 1; break;
-          default: pinned_store_[at] = length(static_cast<std::int32_t>(at)); break;  // all pinned
+          case 2: pinned_store_[at] = src_.flag() ? -1 : table_.length(static_cast<std::int32_t>(at)) + 1; break;
+          default: pinned_store_[at] = table_.length(static_cast<std::int32_t>(at)); break;  // all pinned
         }
         break;
       }
@@ -1290,7 +1212,7 @@ class layers_case {
     c.compact = compact;
     if (compact) {
       const std::size_t need = sh::host::compact_workspace_bytes(c.v);
-      FUZZ_CHECK(need == (Paged ? static_cast<std::size_t>(num_pages_) : 0), "compact_workspace_bytes");
+      FUZZ_CHECK(need == (Paged ? static_cast<std::size_t>(table_.num_pages) : 0), "compact_workspace_bytes");
       ws_store_.assign(need / 8 + 2, 0x5A5A5A5A5A5A5A5Aull);
       if (need > 0 || src_.flag()) c.workspace = {reinterpret_cast<std::byte*>(ws_store_.data()), need};
     }
@@ -1319,7 +1241,7 @@ class layers_case {
     const state_type st = layer(c.l);
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
       const std::int32_t count = s.counts[static_cast<std::size_t>(b)];
-      const std::int32_t len = length(b);
+      const std::int32_t len = table_.length(b);
       if (count < 0 || count > len || count > s.stride) return expect::refuse;
       if (count == 0) continue;
       const std::int32_t r = c.rc.used[static_cast<std::size_t>(b)];
@@ -1332,7 +1254,7 @@ class layers_case {
       }
     }
     if (c.compact) {
-      const std::size_t need = Paged ? static_cast<std::size_t>(num_pages_) : 0;
+      const std::size_t need = Paged ? static_cast<std::size_t>(table_.num_pages) : 0;
       if (c.workspace.size() < need || (need != 0 && c.workspace.data() == nullptr)) return expect::refuse;
       if constexpr (Paged) {
         // A page compact writes (a slot in [first evicted, new length)) listed twice.
@@ -1341,9 +1263,9 @@ class layers_case {
           const std::int32_t count = s.counts[static_cast<std::size_t>(b)];
           if (count == 0) continue;
           const std::int32_t first = s.slots[static_cast<std::size_t>(b) * static_cast<std::size_t>(s.stride)];
-          const std::int32_t kept = length(b) - count;
+          const std::int32_t kept = table_.length(b) - count;
           if (first >= kept) continue;
-          for (std::int32_t p = first / page_size_; p <= (kept - 1) / page_size_; ++p) {
+          for (std::int32_t p = first / table_.page_size; p <= (kept - 1) / table_.page_size; ++p) {
             const std::int32_t page = c.v.indices[static_cast<std::size_t>(c.v.indptr[static_cast<std::size_t>(b)] + p)];
             if (std::count(c.v.indices.begin(), c.v.indices.begin() + listed, page) > 1) return expect::refuse;
           }
@@ -1366,7 +1288,7 @@ class layers_case {
   void check_apply(const apply_call& c, const snapshot& before) {
     const snapshot after = take();
     const char* fn = apply_name(c);
-    FUZZ_CHECK(after.lengths == before.lengths && after.indptr == before.indptr && after.indices == before.indices &&
+    FUZZ_CHECK(after.table == before.table &&
                    after.sel == before.sel && after.probe == before.probe && after.other == before.other,
                std::string(fn) + " wrote the lengths, the page table, the selection or an argument it only reads");
     const auto ul = static_cast<std::size_t>(c.l);
@@ -1427,7 +1349,7 @@ class layers_case {
     const auto bu = static_cast<std::size_t>(b);
     std::int32_t& count = s.counts[bu];
     std::int32_t* slots = s.slots.data() + bu * static_cast<std::size_t>(std::max(s.stride, 0));
-    const std::int32_t len = length(b);
+    const std::int32_t len = table_.length(b);
     std::int32_t* damaged_tracked = nullptr;
     std::int32_t tracked_was = 0;
     const auto which = src_.in(0, 14);
@@ -1532,7 +1454,7 @@ class layers_case {
     const sh::settings& cfg = policy_.config;
     parts.view_layer = src_.i32(0, layers_ - 1);
     std::int32_t max_len = 1;
-    for (std::int32_t b = 0; b < shape_.batch; ++b) max_len = std::max(max_len, length(b));
+    for (std::int32_t b = 0; b < shape_.batch; ++b) max_len = std::max(max_len, table_.length(b));
     // Mostly a valid budget (above the protected tokens by m at least),
     // near the lengths so that it triggers; rarely any small one.
     const std::int64_t floor = std::clamp<std::int64_t>(std::int64_t{cfg.recent} + cfg.sinks + cfg.evict_count, 1, INT32_MAX);
@@ -1547,14 +1469,14 @@ class layers_case {
     switch (src_.in(0, 3)) {
       case 0: break;
       case 1:
-        for (std::int32_t b = 0; b < shape_.batch; ++b) parts.pins.push_back(src_.i32(0, length(b)));
+        for (std::int32_t b = 0; b < shape_.batch; ++b) parts.pins.push_back(src_.i32(0, table_.length(b)));
         break;
       case 2:
-        for (std::int32_t b = 0; b < shape_.batch; ++b) parts.pins.push_back(std::min(length(b), src_.i32(0, 3)));
+        for (std::int32_t b = 0; b < shape_.batch; ++b) parts.pins.push_back(std::min(table_.length(b), src_.i32(0, 3)));
         break;
       default: parts.pins.assign(static_cast<std::size_t>(shape_.batch), 0); break;
     }
-    const bool compact = Paged && page_size_ == 1 ? src_.flag() : src_.in(0, 2) != 0;
+    const bool compact = Paged && table_.page_size == 1 ? src_.flag() : src_.in(0, 2) != 0;
     if (src_.rarely()) select_probe(parts);
 
     select_call c = build_select(parts, sel_store_);
@@ -1576,7 +1498,7 @@ class layers_case {
     std::vector<std::vector<char>> gone(nb);
     std::vector<std::int32_t> new_lengths(nb);
     for (std::int32_t b = 0; b < shape_.batch; ++b) {
-      gone[static_cast<std::size_t>(b)] = gone_of(sel, b, length(b));
+      gone[static_cast<std::size_t>(b)] = gone_of(sel, b, table_.length(b));
       new_lengths[static_cast<std::size_t>(b)] = sel.out.new_lengths[static_cast<std::size_t>(b)];
     }
     for (std::int32_t l = 0; l < layers_; ++l) {
@@ -1620,20 +1542,20 @@ class layers_case {
       }
       apply_lengths(new_lengths);
     } else {
-      if (Paged && page_size_ == 1) {
+      if (Paged && table_.page_size == 1) {
         // A slot-list engine: free the selected cache slots (page ids at
         // page size 1) and drop them from each list, keeping the order.
         std::vector<std::vector<std::int32_t>> lists(nb);
         for (std::int32_t b = 0; b < shape_.batch; ++b) {
           const auto bu = static_cast<std::size_t>(b);
           const std::int32_t* slots = sel.slots.data() + bu * static_cast<std::size_t>(sel.stride);
-          for (std::int32_t t = 0; t < length(b); ++t) {
-            const std::int32_t page = indices_[static_cast<std::size_t>(indptr_[bu] + t)];
+          for (std::int32_t t = 0; t < table_.length(b); ++t) {
+            const std::int32_t page = table_.indices[static_cast<std::size_t>(table_.indptr[bu] + t)];
             if (!gone[bu][static_cast<std::size_t>(t)]) {
               lists[bu].push_back(page);
               continue;
             }
-            free_pages_.push_back(page);
+            table_.free_pages.push_back(page);
             if (!sel.cache_slots.empty()) {
               const auto k = static_cast<std::size_t>(std::find(slots, slots + sel.counts[bu], t) - slots);
               FUZZ_CHECK(sel.cache_slots[bu * static_cast<std::size_t>(sel.stride) + k] == page,
@@ -1642,13 +1564,13 @@ class layers_case {
           }
           FUZZ_CHECK(static_cast<std::int32_t>(lists[bu].size()) == new_lengths[bu], "forget: new length");
         }
-        indices_.clear();
+        table_.indices.clear();
         for (std::size_t b = 0; b < nb; ++b) {
-          indptr_[b] = static_cast<std::int32_t>(indices_.size());
-          indices_.insert(indices_.end(), lists[b].begin(), lists[b].end());
-          last_page_len_[b] = lists[b].empty() ? 0 : 1;
+          table_.indptr[b] = static_cast<std::int32_t>(table_.indices.size());
+          table_.indices.insert(table_.indices.end(), lists[b].begin(), lists[b].end());
+          table_.last_page_len[b] = lists[b].empty() ? 0 : 1;
         }
-        indptr_.back() = static_cast<std::int32_t>(indices_.size());
+        table_.indptr.back() = static_cast<std::int32_t>(table_.indices.size());
       } else {
         // The engine closes the holes itself, keeping the order, in every
         // layer (forget does the same to the state).
@@ -1657,7 +1579,7 @@ class layers_case {
           layer_kv& kv = kv_[static_cast<std::size_t>(l)];
           for (std::int32_t b = 0; b < shape_.batch; ++b) {
             const std::vector<std::int32_t> source =
-                compaction_sources(gone[static_cast<std::size_t>(b)], length(b), new_lengths[static_cast<std::size_t>(b)], false);
+                compaction_sources(gone[static_cast<std::size_t>(b)], table_.length(b), new_lengths[static_cast<std::size_t>(b)], false);
             for (std::size_t t = 0; t < source.size(); ++t)
               for (std::int32_t h = 0; h < shape_.kv_heads; ++h)
                 for (const bool key : {true, false}) {
@@ -1675,7 +1597,7 @@ class layers_case {
             if (!gone[b][t]) next.push_back(layer_ids[b][t]);
           layer_ids[b] = next;
         }
-      if (!(Paged && page_size_ == 1)) apply_lengths(new_lengths);
+      if (!(Paged && table_.page_size == 1)) apply_lengths(new_lengths);
     }
     check_tokens("after select and compact / forget");
   }

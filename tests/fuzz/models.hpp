@@ -56,17 +56,6 @@ struct common_shape {
   std::int32_t head_dim = 1;
 };
 
-struct contiguous_cache {
-  common_shape shape;
-  std::int32_t capacity = 1;
-  strides3 kl, vl;
-  std::vector<float> k, v;
-  std::vector<std::int32_t> lengths;
-
-  [[nodiscard]] std::int32_t length(std::int32_t b) const { return lengths[static_cast<std::size_t>(b)]; }
-  [[nodiscard]] std::int32_t capacity_of(std::int32_t) const { return capacity; }
-};
-
 // A paged sequence's length, clamped: garbage last_page_len must not
 // overflow the harness itself.
 std::int32_t paged_length(std::int64_t pages, std::int32_t page_size, std::int32_t last) {
@@ -80,23 +69,142 @@ std::int32_t pages_for(std::int64_t length, std::int32_t page_size) {
   return static_cast<std::int32_t>((length + page_size - 1) / page_size);
 }
 
-struct paged_cache {
-  common_shape shape;
-  std::int32_t page_size = 1;
-  std::int32_t num_pages = 1;
-  std::int32_t max_pages = 1;
-  strides3 kl, vl;
-  std::vector<float> k, v;
-  std::vector<std::int32_t> indptr, indices, last_page_len;
-  std::vector<std::int32_t> free_pages;  // pool pages in no sequence's list
+// The engine's sequence table, as every mode keeps it: lengths within a
+// capacity (contiguous) or a FlashInfer page table over a pool of pages
+// (paged; pool pages in no sequence's list are free).
+template <bool Paged>
+struct seq_table {
+  std::int32_t capacity = 1;
+  std::vector<std::int32_t> lengths;
+  std::int32_t page_size = 1, num_pages = 1, max_pages = 1;
+  std::vector<std::int32_t> indptr, indices, last_page_len, free_pages;
 
+  // Empty sequences; paged, the pool shuffled (page ids out of order).
+  void start(std::int32_t batch, generator& gen) {
+    const auto nb = static_cast<std::size_t>(batch);
+    if constexpr (Paged) {
+      indptr.assign(nb + 1, 0);
+      last_page_len.assign(nb, 0);
+      for (std::int32_t p = 0; p < num_pages; ++p) free_pages.push_back(p);
+      for (std::size_t i = free_pages.size(); i > 1; --i) std::swap(free_pages[i - 1], free_pages[gen.next() % i]);
+    } else {
+      lengths.assign(nb, 0);
+    }
+  }
   [[nodiscard]] std::int32_t pages(std::int32_t b) const {
     return indptr[static_cast<std::size_t>(b) + 1] - indptr[static_cast<std::size_t>(b)];
   }
   [[nodiscard]] std::int32_t length(std::int32_t b) const {
-    return paged_length(pages(b), page_size, last_page_len[static_cast<std::size_t>(b)]);
+    if constexpr (Paged)
+      return paged_length(pages(b), page_size, last_page_len[static_cast<std::size_t>(b)]);
+    else
+      return lengths[static_cast<std::size_t>(b)];
   }
-  [[nodiscard]] std::int32_t capacity_of(std::int32_t b) const { return pages(b) * page_size; }
+  [[nodiscard]] std::int32_t capacity_of(std::int32_t b) const { return Paged ? pages(b) * page_size : capacity; }
+  [[nodiscard]] std::vector<std::int32_t> all_lengths() const {
+    std::vector<std::int32_t> out;
+    for (std::size_t b = 0; b < (Paged ? last_page_len.size() : lengths.size()); ++b)
+      out.push_back(length(static_cast<std::int32_t>(b)));
+    return out;
+  }
+  // Where slot t of sequence b lies: (page, slot in the page) or (b, t).
+  [[nodiscard]] std::pair<std::int32_t, std::int32_t> place(std::int32_t b, std::int32_t t) const {
+    if constexpr (Paged)
+      return {indices[static_cast<std::size_t>(indptr[static_cast<std::size_t>(b)] + t / page_size)], t % page_size};
+    else
+      return {b, t};
+  }
+  // One more token at the end of sequence b (a new page when the last is
+  // full); false when the cache has no room.
+  bool grow(std::int32_t b) {
+    const auto bu = static_cast<std::size_t>(b);
+    if constexpr (Paged) {
+      if (length(b) == capacity_of(b)) {
+        if (free_pages.empty() || pages(b) == max_pages) return false;
+        const std::int32_t page = free_pages.back();
+        free_pages.pop_back();
+        indices.insert(indices.begin() + indptr[bu + 1], page);
+        for (std::size_t i = bu + 1; i < indptr.size(); ++i) ++indptr[i];
+        last_page_len[bu] = 0;
+      }
+      ++last_page_len[bu];
+    } else {
+      if (lengths[bu] == capacity) return false;
+      ++lengths[bu];
+    }
+    return true;
+  }
+  // New lengths (they only shrink): a copy, or shrink_page_table (checked)
+  // with the released pages back to the pool. `who` names the caller.
+  void apply(const std::vector<std::int32_t>& to, const char* who);
+  // Positions b1 and b2 trade lengths (contiguous; the caller moves the
+  // rows) or page lists (paged).
+  void swap(std::int32_t b1, std::int32_t b2);
+  // The table fields of a view (float or quantized, the same names).
+  template <class View>
+  void describe(View& v) const {
+    if constexpr (Paged) {
+      v.indptr = sh::host_span<const std::int32_t>(indptr.data(), indptr.size());
+      v.indices = sh::host_span<const std::int32_t>(indices.data(), indices.size());
+      v.last_page_len = sh::host_span<const std::int32_t>(last_page_len.data(), last_page_len.size());
+      v.page_size = page_size;
+      v.num_pages = num_pages;
+      v.max_pages_per_sequence = max_pages;
+    } else {
+      v.lengths = sh::host_span<const std::int32_t>(lengths.data(), lengths.size());
+      v.capacity = capacity;
+    }
+  }
+  // Every byte of the table, for snapshots.
+  [[nodiscard]] std::vector<std::uint8_t> bytes() const {
+    std::vector<std::uint8_t> out;
+    for (const auto* a : {&lengths, &indptr, &indices, &last_page_len}) {
+      const auto x = bytes_of(a->data(), a->size());
+      out.insert(out.end(), x.begin(), x.end());
+    }
+    return out;
+  }
+  // Puts back bytes() (the arrays have their sizes).
+  void restore(const std::vector<std::uint8_t>& from) {
+    FUZZ_CHECK(from.size() == bytes().size(), "restore: the table changed size");
+    std::size_t at = 0;
+    for (auto* a : {&lengths, &indptr, &indices, &last_page_len}) {
+      if (!a->empty()) std::memcpy(a->data(), from.data() + at, 4 * a->size());
+      at += 4 * a->size();
+    }
+  }
+};
+
+template <bool Paged>
+using float_view = std::conditional_t<Paged, sh::host_paged_kv_view<float>, sh::host_kv_view<float>>;
+
+// A float cache's view: its buffers and layouts over the table.
+template <bool Paged>
+float_view<Paged> view_of(const seq_table<Paged>& t, const common_shape& s, std::vector<float>& k,
+                          std::vector<float>& v, const strides3& kl, const strides3& vl) {
+  float_view<Paged> out{};
+  if constexpr (Paged) {
+    out.k_pages = sh::host_span<float>(k.data(), k.size());
+    out.v_pages = sh::host_span<float>(v.data(), v.size());
+  } else {
+    out.k = sh::host_span<float>(k.data(), k.size());
+    out.v = sh::host_span<float>(v.data(), v.size());
+  }
+  out.k_layout = {kl.outer, kl.head, kl.token};
+  out.v_layout = {vl.outer, vl.head, vl.token};
+  t.describe(out);
+  out.batch = s.batch;
+  out.kv_heads = s.kv_heads;
+  out.head_dim = s.head_dim;
+  return out;
+}
+
+// The per-head mode's cache: one float K and V over the table.
+template <bool Paged>
+struct cache_model : seq_table<Paged> {
+  common_shape shape;
+  strides3 kl, vl;
+  std::vector<float> k, v;
 };
 
 // Row addressing from the view actually passed (which may differ from the
@@ -428,6 +536,21 @@ void swap_page_lists(std::vector<std::int32_t>& indptr, std::vector<std::int32_t
   }
   indptr.back() = static_cast<std::int32_t>(indices.size());
   std::swap(last_page_len[static_cast<std::size_t>(b1)], last_page_len[static_cast<std::size_t>(b2)]);
+}
+
+template <bool Paged>
+void seq_table<Paged>::apply(const std::vector<std::int32_t>& to, const char* who) {
+  if constexpr (Paged)
+    apply_page_lengths(indptr, indices, last_page_len, page_size, to, free_pages, who);
+  else
+    lengths = to, (void)who;
+}
+template <bool Paged>
+void seq_table<Paged>::swap(std::int32_t b1, std::int32_t b2) {
+  if constexpr (Paged)
+    swap_page_lists(indptr, indices, last_page_len, b1, b2);
+  else
+    std::swap(lengths[static_cast<std::size_t>(b1)], lengths[static_cast<std::size_t>(b2)]);
 }
 
 // Swaps every K and V row (each head, each slot up to the capacity) of
