@@ -11,6 +11,7 @@
 // proves the counter counts.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -58,7 +59,9 @@ constexpr std::size_t plain = 0;
 
 void* operator new(std::size_t n) { return counted_allocate(n, plain, false); }
 void* operator new[](std::size_t n) { return counted_allocate(n, plain, false); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted_allocate(n, static_cast<std::size_t>(a), false); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return counted_allocate(n, static_cast<std::size_t>(a), false);
+}
 void* operator new[](std::size_t n, std::align_val_t a) {
   return counted_allocate(n, static_cast<std::size_t>(a), false);
 }
@@ -110,6 +113,16 @@ class counter {
     t.allocations += a;
     t.deallocations += d;
   }
+  // A refused call: run() with the library's invalid_argument caught.
+  template <class F>
+  void run_refused(const std::string& name, F&& call) {
+    run(name, [&] {
+      try {
+        call();
+      } catch (const sh::invalid_argument&) {
+      }
+    });
+  }
   const std::map<std::string, tally>& tallies() const { return tallies_; }
   // Prints the tallies; every entry point allocated nothing, every refused
   // call did (its message), which proves the counter counts.
@@ -151,14 +164,16 @@ struct step_inputs {
         lse(static_cast<std::size_t>(batch * chunk * q_heads)),
         probs(static_cast<std::size_t>(batch * chunk * q_heads * table_capacity)),
         qo(static_cast<std::size_t>(batch + 1)) {
-    for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = hashed_value(hash_of({1, static_cast<std::int64_t>(i)}), 1.0f);
+    for (std::size_t i = 0; i < queries.size(); ++i)
+      queries[i] = hashed_value(hash_of({1, static_cast<std::int64_t>(i)}), 1.0f);
     // Any finite lse works for counting; 1/n-ish probabilities keep observe's checks happy.
     for (auto& x : lse) x = 3.0f;
     for (auto& p : probs) p = 1.0f / 64.0f;
     // Ragged: sequences get 0..chunk queries (position 2 is padding, it gets none).
     const std::int32_t counts[batch] = {chunk, 1, 0, 2, chunk};
     qo[0] = 0;
-    for (std::int32_t b = 0; b < batch; ++b) qo[static_cast<std::size_t>(b) + 1] = qo[static_cast<std::size_t>(b)] + counts[b];
+    for (std::int32_t b = 0; b < batch; ++b)
+      qo[static_cast<std::size_t>(b) + 1] = qo[static_cast<std::size_t>(b)] + counts[b];
   }
   sh::host_span<const std::int32_t> qo_span() const { return {qo.data(), qo.size()}; }
   sh::query_view<float, host> uniform_queries() const {
@@ -170,7 +185,9 @@ struct step_inputs {
   sh::lse_view<host> uniform_lse() const {
     return sh::lse_view<host>::token_major({lse.data(), lse.size()}, q_heads, chunk, sh::lse_base::base2);
   }
-  sh::lse_view<host> ragged_lse() const { return sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads, sh::lse_base::base2); }
+  sh::lse_view<host> ragged_lse() const {
+    return sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads, sh::lse_base::base2);
+  }
   sh::probability_view<host> uniform_probs() const {
     return sh::probability_view<host>::dense({probs.data(), probs.size()}, q_heads, chunk, table_capacity);
   }
@@ -186,7 +203,7 @@ struct layer_state {
   template <class Policy>
   explicit layer_state(const Policy& policy)
       : buffer(sh::state_bytes({rows, kv_heads, sh::state_capacity_for(budget, chunk), policy.ring_words()})),
-        state(sh::make_state(sh::host_span<std::byte>(buffer.data(), buffer.size()),
+        state(sh::make_state(buffer.span(),
                              {rows, kv_heads, sh::state_capacity_for(budget, chunk), policy.ring_words()})) {
     sh::host::reset_state(state);
   }
@@ -235,10 +252,8 @@ TEST_CASE("allocation: no per-step entry point allocates (contiguous cache)", "[
   }
   std::vector<std::int32_t> lengths(batch, 0), new_lengths(batch, 0), freed(batch, 0);
   const auto view_of = [&](int l) {
-    return sh::make_kv_view(sh::host_span<float>(k[l].data(), k[l].size()),
-                            sh::host_span<float>(v[l].data(), v[l].size()),
-                            sh::host_span<const std::int32_t>(lengths.data(), lengths.size()), batch, kv_heads,
-                            head_dim, capacity, sh::named_layout::nhd);
+    return sh::make_kv_view(mspan(k[l]), mspan(v[l]), cspan(lengths), batch, kv_heads, head_dim, capacity,
+                            sh::named_layout::nhd);
   };
   const auto c0 = view_of(0), c1 = view_of(1), c2 = view_of(2);
   sh::h2o_policy h2o;
@@ -253,7 +268,7 @@ TEST_CASE("allocation: no per-step entry point allocates (contiguous cache)", "[
   const auto ss = sch_state.state.for_batch(map);
   const auto ts = streaming_state.state.for_batch(map);
   aligned_buffer workspace(sh::host::compress_workspace_bytes(c0));
-  const sh::host_span<std::byte> ws(workspace.data(), workspace.size());
+  const sh::host_span<std::byte> ws = workspace.span();
   const sh::compress_output<host> out{{new_lengths.data(), new_lengths.size()}, {freed.data(), freed.size()}};
   const sh::compress_output<host> out_no_freed{{new_lengths.data(), new_lengths.size()}, {}};
   step_inputs in;
@@ -278,8 +293,7 @@ TEST_CASE("allocation: no per-step entry point allocates (contiguous cache)", "[
     count.run("host::observe_probabilities (ragged)",
               [&] { sh::host::observe_probabilities(h2o, c0, hs, in.ragged_probs()); });
     count.run("host::admit", [&] { sh::host::admit(streaming, c2, ts); });
-    bool triggers = false;
-    for (std::int32_t len : lengths) triggers = triggers || len >= budget;
+    const bool triggers = std::ranges::any_of(lengths, [](std::int32_t len) { return len >= budget; });
     const char* name = triggers ? "host::compress (triggering)" : "host::compress (not triggering)";
     (triggers ? triggered : not_triggered) += 3;
     count.run(name, [&] { sh::host::compress(h2o, c0, hs, budget, ws, out); });
@@ -306,12 +320,7 @@ TEST_CASE("allocation: no per-step entry point allocates (contiguous cache)", "[
   CHECK(not_triggered >= 9);
 
   // --- a refused call allocates (its message), proving the counter works ---
-  count.run("refused host::compress", [&] {
-    try {
-      sh::host::compress(h2o, c0, hs, /*budget=*/0, ws, out);
-    } catch (const sh::invalid_argument&) {
-    }
-  });
+  count.run_refused("refused host::compress", [&] { sh::host::compress(h2o, c0, hs, /*budget=*/0, ws, out); });
 
   count.check("contiguous cache");
 }
@@ -341,12 +350,8 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
   free_pages.reserve(num_pages);
   for (auto& list : pages) list.reserve(max_pages);
   const auto view_of = [&](std::int32_t l) {
-    return sh::make_paged_kv_view(
-        sh::host_span<float>(pools[l][0].data(), pool), sh::host_span<float>(pools[l][1].data(), pool),
-        sh::host_span<const std::int32_t>(indptr.data(), indptr.size()),
-        sh::host_span<const std::int32_t>(indices.data(), indices.size()),
-        sh::host_span<const std::int32_t>(last_page_len.data(), last_page_len.size()), batch, kv_heads, head_dim,
-        page_size, num_pages, max_pages);
+    return paged_view({pools[l][0].data(), pool}, {pools[l][1].data(), pool}, indptr, indices, last_page_len, batch,
+                      kv_heads, head_dim, page_size, num_pages, max_pages);
   };
   // Appends `chunk` tokens to every real sequence and rebuilds the table (the engine's job, not counted).
   const auto append = [&] {
@@ -377,15 +382,14 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
   layer_state streaming_state(streaming);
   const sh::host_span<const std::int32_t> map(state_rows_of_batch, batch);
   aligned_buffer workspace(sh::host::compress_workspace_bytes(view_of(0)));
-  const sh::host_span<std::byte> ws(workspace.data(), workspace.size());
+  const sh::host_span<std::byte> ws = workspace.span();
   step_inputs in;
   counter count;
   std::size_t triggered = 0, not_triggered = 0, released_total = 0;
 
   for (std::int32_t step = 0; step < 30; ++step) {
     append();
-    bool triggers = false;
-    for (std::int32_t len : lengths) triggers = triggers || len >= budget;
+    const bool triggers = std::ranges::any_of(lengths, [](std::int32_t len) { return len >= budget; });
     for (std::int32_t l = 0; l < layers; ++l) {
       const auto cache = view_of(l);
       const auto st = states[static_cast<std::size_t>(l)].state.for_batch(map);
@@ -412,16 +416,13 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
     {
       // The static policy only admits, on its own state (not compressed here: its state only needs admitting).
       const auto cache = view_of(0);
-      if (step < 5) count.run("host::admit", [&] { sh::host::admit(streaming, cache, streaming_state.state.for_batch(map)); });
+      if (step < 5)
+        count.run("host::admit", [&] { sh::host::admit(streaming, cache, streaming_state.state.for_batch(map)); });
     }
     for (std::int32_t l = 1; l < layers; ++l) REQUIRE(new_lengths[l] == new_lengths[0]);
     std::size_t n = 0;
-    count.run("host::shrink_page_table", [&] {
-      n = sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                      {last_page_len.data(), last_page_len.size()}, page_size,
-                                      sh::host_span<const std::int32_t>(new_lengths[0].data(), batch),
-                                      {released.data(), released.size()});
-    });
+    count.run("host::shrink_page_table",
+              [&] { n = shrink_table(indptr, indices, last_page_len, batch, page_size, new_lengths[0], released); });
     released_total += n;
     for (std::size_t i = 0; i < n; ++i) free_pages.push_back(released[i]);
     for (std::int32_t b = 0; b < batch; ++b) {
@@ -445,16 +446,9 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
   CHECK(not_triggered >= 4);
   CHECK(released_total > 0);
 
-  count.run("refused host::shrink_page_table", [&] {
-    try {
-      std::int32_t too_long[batch] = {1000, 0, 0, 0, 0};
-      (void)sh::host::shrink_page_table({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                                        {last_page_len.data(), last_page_len.size()}, page_size,
-                                        sh::host_span<const std::int32_t>(too_long, batch),
-                                        {released.data(), released.size()});
-    } catch (const sh::invalid_argument&) {
-    }
-  });
+  const std::vector<std::int32_t> too_long{1000, 0, 0, 0, 0};  // built outside the count
+  count.run_refused("refused host::shrink_page_table",
+                    [&] { shrink_table(indptr, indices, last_page_len, batch, page_size, too_long, released); });
 
   count.check("paged cache (" + std::to_string(layers) + " layers, one table)");
 }

@@ -63,9 +63,12 @@ enum class feed { probabilities, queries_lse, queries_own_norm };
 
 const char* name_of(feed f) {
   switch (f) {
-    case feed::probabilities: return "probabilities";
-    case feed::queries_lse: return "queries + base-2 lse";
-    case feed::queries_own_norm: return "queries, library's own normaliser";
+    case feed::probabilities:
+      return "probabilities";
+    case feed::queries_lse:
+      return "queries + base-2 lse";
+    case feed::queries_own_norm:
+      return "queries, library's own normaliser";
   }
   return "?";
 }
@@ -85,11 +88,11 @@ struct config {
   std::string describe(std::int32_t page_size) const {
     std::ostringstream o;
     o << name_of(input) << ", page_size " << page_size << ", layers " << layers << ", head_dim " << head_dim
-      << (hnd ? ", HND" : ", NHD") << ", budget " << budget << ", chunk " << chunk << ", m "
-      << settings.evict_count << ", r " << settings.recent << ", sinks " << settings.sinks << ", w "
-      << settings.window << (settings.normalize ? ", normalised" : "")
-      << (settings.compaction_mode == sh::compaction::fill_holes ? ", fill_holes" : ", preserve_order")
-      << ", seed " << seed;
+      << (hnd ? ", HND" : ", NHD") << ", budget " << budget << ", chunk " << chunk << ", m " << settings.evict_count
+      << ", r " << settings.recent << ", sinks " << settings.sinks << ", w " << settings.window
+      << (settings.normalize ? ", normalised" : "")
+      << (settings.compaction_mode == sh::compaction::fill_holes ? ", fill_holes" : ", preserve_order") << ", seed "
+      << seed;
     return o.str();
   }
 };
@@ -133,7 +136,7 @@ class engine {
         pools_[kind].push_back(background(static_cast<std::size_t>(num_pages_ * page_elems_), 1000.0f, kind, l));
       const sh::state_shape shape{state_rows, kv_heads, state_capacity_, policy_.ring_words()};
       auto& buf = state_buffers_.emplace_back(sh::state_bytes(shape));
-      states_.push_back(sh::make_state(sh::host_span<std::byte>(buf.data(), buf.size()), shape));
+      states_.push_back(sh::make_state(buf.span(), shape));
       sh::host::reset_state(states_.back());
       new_lengths_.emplace_back(max_batch, -7);
       freed_.emplace_back(max_batch, -7);
@@ -141,7 +144,7 @@ class engine {
     // A state one slot deep, for the refused "length above the state's capacity" calls.
     const sh::state_shape small{state_rows, kv_heads, 1, policy_.ring_words()};
     small_buffer_ = std::make_unique<aligned_buffer>(sh::state_bytes(small));
-    small_state_ = sh::make_state(sh::host_span<std::byte>(small_buffer_->data(), small_buffer_->size()), small);
+    small_state_ = sh::make_state(small_buffer_->span(), small);
     sh::host::reset_state(small_state_);
 
     indptr_.assign(max_batch + 1, 0);
@@ -193,24 +196,14 @@ class engine {
  private:
   // ---- engine side ---------------------------------------------------------
 
-  view_t view(std::int32_t batch) {
-    return sh::make_paged_kv_view(
-        sh::host_span<float>(pools_[0][0].data(), pools_[0][0].size()),
-        sh::host_span<float>(pools_[1][0].data(), pools_[1][0].size()),
-        sh::host_span<const std::int32_t>(indptr_.data(), static_cast<std::size_t>(batch) + 1),
-        sh::host_span<const std::int32_t>(indices_.data(), indices_.size()),
-        sh::host_span<const std::int32_t>(last_page_len_.data(), static_cast<std::size_t>(batch)), batch, kv_heads,
-        d_, ps_, num_pages_, max_pages_, cfg_.hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+  view_t view(std::int32_t batch, std::int32_t l = 0) {
+    const auto ul = static_cast<std::size_t>(l);
+    return paged_view(mspan(pools_[0][ul]), mspan(pools_[1][ul]), indptr_, indices_, last_page_len_, batch, kv_heads,
+                      d_, ps_, num_pages_, max_pages_, cfg_.hnd);
   }
-  view_t layer_view(std::int32_t l) {
-    view_t v = view(batch_);
-    v.k_pages = {pools_[0][static_cast<std::size_t>(l)].data(), pools_[0][static_cast<std::size_t>(l)].size()};
-    v.v_pages = {pools_[1][static_cast<std::size_t>(l)].data(), pools_[1][static_cast<std::size_t>(l)].size()};
-    return v;
-  }
+  view_t layer_view(std::int32_t l) { return view(batch_, l); }
   state_t layer_state(std::int32_t l) {
-    return states_[static_cast<std::size_t>(l)].for_batch(
-        sh::host_span<const std::int32_t>(rows_.data(), static_cast<std::size_t>(batch_)));
+    return states_[static_cast<std::size_t>(l)].for_batch(cspan(rows_, static_cast<std::size_t>(batch_)));
   }
   sh::compress_output<host> output(std::int32_t l) {
     auto& nl = new_lengths_[static_cast<std::size_t>(l)];
@@ -290,8 +283,10 @@ class engine {
         q.prompt_left -= q.n_new;
         // Now and then a chunk is only admitted (no query: e.g. copied from a prefix cache).
         q.q_len = rng_.chance(0.1) ? 0 : q.n_new;
-        if (q.q_len == 0) ++stats_.admit_only;
-        else ++stats_.prefill_chunks;
+        if (q.q_len == 0)
+          ++stats_.admit_only;
+        else
+          ++stats_.prefill_chunks;
       } else if (q.decode_left > 0 && !rng_.chance(0.12)) {
         q.n_new = q.q_len = 1;
         --q.decode_left;
@@ -365,8 +360,8 @@ class engine {
     lse_.assign(t * q_heads, 0.0f);
     probs_.assign(std::max<std::size_t>(1, t * q_heads * static_cast<std::size_t>(columns_)), -1.0f);  // poison
     probs_d_.assign(probs_.size(), std::numeric_limits<double>::quiet_NaN());
-    const double scale = cfg_.softmax_scale > 0.0f ? static_cast<double>(cfg_.softmax_scale)
-                                                   : 1.0 / std::sqrt(static_cast<double>(d_));
+    const double scale =
+        cfg_.softmax_scale > 0.0f ? static_cast<double>(cfg_.softmax_scale) : 1.0 / std::sqrt(static_cast<double>(d_));
     std::vector<double> logits(static_cast<std::size_t>(max_len_ + 1));
     for (std::int32_t b = 0; b < batch_; ++b) {
       request* q = at(b);
@@ -402,23 +397,18 @@ class engine {
     }
   }
 
-  sh::host_span<const std::int32_t> qo_span() const {
-    return {qo_.data(), static_cast<std::size_t>(batch_) + 1};
-  }
+  sh::host_span<const std::int32_t> qo_span() const { return {qo_.data(), static_cast<std::size_t>(batch_) + 1}; }
 
   void observe(const view_t& v, const state_t& st, sh::host_span<const std::int32_t> qo) {
     const sh::host_span<const float> q(queries_.data(), queries_.size());
     switch (cfg_.input) {
       case feed::probabilities:
-        sh::host::observe_probabilities(
-            policy_, v, st,
-            sh::probability_view<host>::ragged(sh::host_span<const float>(probs_.data(), probs_.size()), qo, q_heads,
-                                               columns_));
+        sh::host::observe_probabilities(policy_, v, st,
+                                        sh::probability_view<host>::ragged(cspan(probs_), qo, q_heads, columns_));
         break;
       case feed::queries_lse:
         sh::host::observe_queries(policy_, v, st, sh::query_view<float, host>::ragged(q, qo, q_heads, d_),
-                                  sh::lse_view<host>::ragged(sh::host_span<const float>(lse_.data(), lse_.size()), qo,
-                                                             q_heads, sh::lse_base::base2),
+                                  sh::lse_view<host>::ragged(cspan(lse_), qo, q_heads, sh::lse_base::base2),
                                   cfg_.softmax_scale);
         break;
       case feed::queries_own_norm:
@@ -433,37 +423,20 @@ class engine {
   bool exact() const { return cfg_.input == feed::probabilities || !rules_t::attention; }
 
   void model_observe(std::int32_t l) {
-    for (std::int32_t b = 0; b < batch_; ++b) {
-      request* q = at(b);
-      if (q == nullptr) continue;
-      for (std::int32_t h = 0; h < kv_heads; ++h) {
-        auto& slots = q->heads[static_cast<std::size_t>(l * kv_heads + h)];
-        for (std::int32_t i = 0; i < q->n_new; ++i) {
-          model_token t;
-          t.position = q->base + i;
-          slots.push_back(std::move(t));
-        }
-      }
-      if (!rules_t::attention || q->q_len == 0) continue;
-      const std::int32_t len = q->length + q->n_new;
-      float pe[group];
-      double pd[group];
-      for (std::int32_t h = 0; h < kv_heads; ++h) {
-        auto& slots = q->heads[static_cast<std::size_t>(l * kv_heads + h)];
-        for (std::int32_t j = 0; j < q->q_len; ++j) {
-          const std::int32_t token = qo_[static_cast<std::size_t>(b)] + j;
-          const std::int32_t visible = len - q->q_len + j + 1;
-          for (std::int32_t s = 0; s < visible; ++s) {
-            for (std::int32_t g = 0; g < group; ++g) {
-              const std::size_t at_ = (static_cast<std::size_t>(token) * q_heads + h * group + g) * columns_ + s;
-              pe[g] = probs_[at_];
-              pd[g] = probs_d_[at_];
-            }
-            rules_.update(slots[static_cast<std::size_t>(s)], q->step + j, rules_.combine(pe, pd, group, visible));
-          }
-        }
-      }
-    }
+    for (std::int32_t b = 0; b < batch_; ++b)
+      if (request* q = at(b))
+        rules_.replay(q->heads, {.layer = l,
+                                 .kv_heads = kv_heads,
+                                 .group = group,
+                                 .base = q->base,
+                                 .n_new = q->n_new,
+                                 .q_len = q->q_len,
+                                 .length = q->length + q->n_new,
+                                 .first_step = q->step,
+                                 .first_token = qo_[static_cast<std::size_t>(b)],
+                                 .columns = columns_,
+                                 .probs = probs_.data(),
+                                 .probs_d = probs_d_.data()});
   }
 
   // After this layer's compress: which tokens the library evicted (read from
@@ -512,7 +485,8 @@ class engine {
           continue;
         }
         for (std::int32_t s = 0; s < len; ++s)
-          if (gone[static_cast<std::size_t>(s)] && rules_.is_protected(slots[static_cast<std::size_t>(s)].position, next))
+          if (gone[static_cast<std::size_t>(s)] &&
+              rules_.is_protected(slots[static_cast<std::size_t>(s)].position, next))
             errors.push_back(where.str() + "evicted protected position " +
                              std::to_string(slots[static_cast<std::size_t>(s)].position));
         if (exact()) {
@@ -571,11 +545,11 @@ class engine {
       const std::int32_t pages = q == nullptr ? 0 : static_cast<std::int32_t>(q->pages.size());
       const std::int32_t want_freed = pages - (want + ps_ - 1) / ps_;
       if (nl[ub] != want || nl[ub] != sh::length_after_compress(len, cfg_.budget, cfg_.settings.evict_count))
-        errors.push_back("layer " + std::to_string(l) + ": new_lengths[" + std::to_string(b) + "] = " +
-                         std::to_string(nl[ub]) + ", expected " + std::to_string(want));
+        errors.push_back("layer " + std::to_string(l) + ": new_lengths[" + std::to_string(b) +
+                         "] = " + std::to_string(nl[ub]) + ", expected " + std::to_string(want));
       if (fr[ub] != want_freed)
-        errors.push_back("layer " + std::to_string(l) + ": freed_pages[" + std::to_string(b) + "] = " +
-                         std::to_string(fr[ub]) + ", expected " + std::to_string(want_freed));
+        errors.push_back("layer " + std::to_string(l) + ": freed_pages[" + std::to_string(b) +
+                         "] = " + std::to_string(fr[ub]) + ", expected " + std::to_string(want_freed));
       if (l > 0 && (nl[ub] != new_lengths_[0][ub] || fr[ub] != freed_[0][ub]))
         errors.push_back("layer " + std::to_string(l) + " reports other new lengths or freed pages than layer 0 at " +
                          std::to_string(b));
@@ -592,11 +566,7 @@ class engine {
         expect.insert(expect.end(), q->pages.begin() + keep, q->pages.end());
       }
     std::fill(released_.begin(), released_.end(), -9);
-    const std::size_t n = sh::host::shrink_page_table(
-        {indptr_.data(), static_cast<std::size_t>(batch_) + 1}, {indices_.data(), indices_.size()},
-        {last_page_len_.data(), static_cast<std::size_t>(batch_)}, ps_,
-        sh::host_span<const std::int32_t>(new_lengths_[0].data(), static_cast<std::size_t>(batch_)),
-        {released_.data(), released_.size()});
+    const std::size_t n = shrink_table(indptr_, indices_, last_page_len_, batch_, ps_, new_lengths_[0], released_);
     if (n != expect.size() || !std::equal(expect.begin(), expect.end(), released_.begin()))
       errors.push_back("shrink_page_table released " + std::to_string(n) + " pages, not the " +
                        std::to_string(expect.size()) + " trailing ones");
@@ -611,7 +581,8 @@ class engine {
         errors.push_back("shrink_page_table did not keep the leading pages of batch position " + std::to_string(b));
       const std::int32_t table_len =
           now.empty() ? 0 : (static_cast<std::int32_t>(now.size()) - 1) * ps_ + last_page_len_[ub];
-      if (table_len != len) errors.push_back("the shrunk table gives batch position " + std::to_string(b) + " a wrong length");
+      if (table_len != len)
+        errors.push_back("the shrunk table gives batch position " + std::to_string(b) + " a wrong length");
       q->pages = now;
       q->length = len;
       q->next_position = q->base + q->n_new;
@@ -622,27 +593,13 @@ class engine {
   }
 
   void check_all(std::vector<std::string>& errors) {
-    std::vector<std::int32_t> owner(static_cast<std::size_t>(num_pages_), -1);
-    std::size_t in_use = 0;
+    std::vector<const std::vector<std::int32_t>*> held;
     for (const auto& q : active_) {
       if (static_cast<std::int32_t>(q.pages.size()) != (q.length + ps_ - 1) / ps_)
         errors.push_back("request " + std::to_string(q.id) + " holds a wrong number of pages");
-      for (std::int32_t p : q.pages) {
-        if (p < 0 || p >= num_pages_ || owner[static_cast<std::size_t>(p)] >= 0)
-          errors.push_back("page " + std::to_string(p) + " is out of the pool or in two sequences");
-        else
-          owner[static_cast<std::size_t>(p)] = q.id;
-      }
-      in_use += q.pages.size();
+      held.push_back(&q.pages);
     }
-    for (std::int32_t p : free_pages_)
-      if (p < 0 || p >= num_pages_ || owner[static_cast<std::size_t>(p)] != -1)
-        errors.push_back("free page " + std::to_string(p) + " is also in use or listed twice");
-      else
-        owner[static_cast<std::size_t>(p)] = -2;
-    if (in_use + free_pages_.size() != static_cast<std::size_t>(num_pages_))
-      errors.push_back("pages not conserved: " + std::to_string(in_use) + " in use + " +
-                       std::to_string(free_pages_.size()) + " free != " + std::to_string(num_pages_));
+    check_pages("", num_pages_, held, free_pages_, errors);
 
     for (auto& q : active_) {
       for (std::int32_t l = 0; l < cfg_.layers; ++l) {
@@ -708,12 +665,9 @@ class engine {
     const state_t& base = states_[static_cast<std::size_t>(l)];
     const auto full = holding();
     std::vector<std::int32_t> rows(rows_.begin(), rows_.begin() + batch_);
-    const auto with_rows = [&](const std::vector<std::int32_t>& r) {
-      return base.for_batch(sh::host_span<const std::int32_t>(r.data(), r.size()));
-    };
-    expect_refused("state_rows one entry too many", fn, "state.state_rows", [&] {
-      observe(v, base.for_batch(sh::host_span<const std::int32_t>(rows_.data(), rows.size() + 1)), qo_span());
-    });
+    const auto with_rows = [&](const std::vector<std::int32_t>& r) { return base.for_batch(cspan(r)); };
+    expect_refused("state_rows one entry too many", fn, "state.state_rows",
+                   [&] { observe(v, base.for_batch(cspan(rows_, rows.size() + 1)), qo_span()); });
     if (full.size() >= 2) {
       auto dup = rows;
       dup[static_cast<std::size_t>(full[1])] = dup[static_cast<std::size_t>(full[0])];
@@ -722,7 +676,8 @@ class engine {
     for (std::int32_t bad : {state_rows, -2}) {
       auto out = rows;
       out[rng_.next() % out.size()] = bad;
-      expect_refused("a state row out of range", fn, "state.state_rows", [&] { observe(v, with_rows(out), qo_span()); });
+      expect_refused("a state row out of range", fn, "state.state_rows",
+                     [&] { observe(v, with_rows(out), qo_span()); });
     }
     if (!full.empty()) {
       auto pad = rows;
@@ -733,9 +688,8 @@ class engine {
       bool longer = false;
       for (std::int32_t b : full) longer = longer || at(b)->length + at(b)->n_new > 1;
       if (longer)
-        expect_refused("length above the state's capacity", fn, "state.shape.capacity", [&] {
-          observe(v, small_state_.for_batch(sh::host_span<const std::int32_t>(rows_.data(), rows.size())), qo_span());
-        });
+        expect_refused("length above the state's capacity", fn, "state.shape.capacity",
+                       [&] { observe(v, small_state_.for_batch(cspan(rows_, rows.size())), qo_span()); });
     }
     if (rules_t::attention && !full.empty()) {
       // One more query than the sequence has tokens (attention policies read queries; static ones ignore them).
@@ -744,8 +698,7 @@ class engine {
       std::vector<std::int32_t> qo(qo_.begin(), qo_.begin() + batch_ + 1);
       const std::int32_t extra = q->length + q->n_new + 1 - q->q_len;
       for (std::int32_t i = b + 1; i <= batch_; ++i) qo[static_cast<std::size_t>(i)] += extra;
-      expect_refused("q_len above the length", fn, "qo_indptr",
-                     [&] { observe(v, layer_state(l), sh::host_span<const std::int32_t>(qo.data(), qo.size())); });
+      expect_refused("q_len above the length", fn, "qo_indptr", [&] { observe(v, layer_state(l), cspan(qo)); });
     }
     expect_refused("reset_sequence of a row out of range", "host::reset_sequence", "row",
                    [&] { sh::host::reset_sequence(base, state_rows); });
@@ -760,7 +713,7 @@ class engine {
     auto& nl = new_lengths_[static_cast<std::size_t>(l)];
     auto& fr = freed_[static_cast<std::size_t>(l)];
     const auto n = static_cast<std::size_t>(batch_);
-    const sh::host_span<std::byte> ws(workspace_->data(), workspace_->size());
+    const sh::host_span<std::byte> ws = workspace_->span();
     const auto full = holding();
     const sh::compress_output<host> good{{nl.data(), n}, {fr.data(), n}};
     const auto call = [&](const state_t& s, std::int32_t budget, sh::host_span<std::byte> w,
@@ -768,33 +721,34 @@ class engine {
     if (full.size() >= 2) {
       std::vector<std::int32_t> dup(rows_.begin(), rows_.begin() + batch_);
       dup[static_cast<std::size_t>(full[0])] = dup[static_cast<std::size_t>(full[1])];
-      expect_refused("compress: duplicate state rows", fn, "state.state_rows", [&] {
-        call(states_[static_cast<std::size_t>(l)].for_batch(sh::host_span<const std::int32_t>(dup.data(), dup.size())),
-             cfg_.budget, ws, good);
-      });
+      expect_refused("compress: duplicate state rows", fn, "state.state_rows",
+                     [&] { call(states_[static_cast<std::size_t>(l)].for_batch(cspan(dup)), cfg_.budget, ws, good); });
     }
     expect_refused("compress: new_lengths over the lengths the view reads", fn, "out.new_lengths", [&] {
       call(st, cfg_.budget, ws, {{last_page_len_.data(), n}, {fr.data(), n}});
     });
-    expect_refused("compress: new_lengths one short", fn, "out.new_lengths",
-                   [&] { call(st, cfg_.budget, ws, {{nl.data(), n - 1}, {fr.data(), n}}); });
-    expect_refused("compress: freed_pages over new_lengths", fn, "out.freed_pages",
-                   [&] { call(st, cfg_.budget, ws, {{nl.data(), n}, {nl.data(), n}}); });
+    expect_refused("compress: new_lengths one short", fn, "out.new_lengths", [&] {
+      call(st, cfg_.budget, ws, {{nl.data(), n - 1}, {fr.data(), n}});
+    });
+    expect_refused("compress: freed_pages over new_lengths", fn, "out.freed_pages", [&] {
+      call(st, cfg_.budget, ws, {{nl.data(), n}, {nl.data(), n}});
+    });
     // Optional with page size 1 (it counts trailing slots); required above.
     if (ps_ > 1)
-      expect_refused("compress: no freed_pages for a paged cache", fn, "out.freed_pages",
-                     [&] { call(st, cfg_.budget, ws, {{nl.data(), n}, {}}); });
-    expect_refused("compress: workspace one byte short", fn, "workspace",
-                   [&] { call(st, cfg_.budget, {ws.data(), ws.size() - 1}, good); });
+      expect_refused("compress: no freed_pages for a paged cache", fn, "out.freed_pages", [&] {
+        call(st, cfg_.budget, ws, {{nl.data(), n}, {}});
+      });
+    expect_refused("compress: workspace one byte short", fn, "workspace", [&] {
+      call(st, cfg_.budget, {ws.data(), ws.size() - 1}, good);
+    });
     const std::int32_t protect = cfg_.settings.recent + cfg_.settings.sinks;
     expect_refused("compress: budget not above the protected tokens", fn, "budget",
                    [&] { call(st, protect, ws, good); });
     bool longer = false;
     for (std::int32_t b : full) longer = longer || at(b)->length + at(b)->n_new > 1;
     if (longer)
-      expect_refused("compress: length above the state's capacity", fn, "state.shape.capacity", [&] {
-        call(small_state_.for_batch(sh::host_span<const std::int32_t>(rows_.data(), n)), cfg_.budget, ws, good);
-      });
+      expect_refused("compress: length above the state's capacity", fn, "state.shape.capacity",
+                     [&] { call(small_state_.for_batch(cspan(rows_, n)), cfg_.budget, ws, good); });
   }
 
   void refused_shrink_calls() {
@@ -803,12 +757,11 @@ class engine {
     std::vector<std::int32_t> lengths(new_lengths_[0].begin(), new_lengths_[0].begin() + batch_);
     std::size_t total = 0;
     for (std::int32_t b = 0; b < batch_; ++b)
-      if (request* q = at(b)) total += q->pages.size() - static_cast<std::size_t>((lengths[static_cast<std::size_t>(b)] + ps_ - 1) / ps_);
+      if (request* q = at(b))
+        total += q->pages.size() - static_cast<std::size_t>((lengths[static_cast<std::size_t>(b)] + ps_ - 1) / ps_);
     const auto call = [&](const std::vector<std::int32_t>& nl, std::size_t released) {
       sh::host::shrink_page_table({indptr_.data(), n + 1}, {indices_.data(), indices_.size()},
-                                  {last_page_len_.data(), n}, ps_,
-                                  sh::host_span<const std::int32_t>(nl.data(), nl.size()),
-                                  {released_.data(), released});
+                                  {last_page_len_.data(), n}, ps_, cspan(nl), {released_.data(), released});
     };
     for (std::int32_t b : holding()) {
       auto grown = lengths;
@@ -818,8 +771,7 @@ class engine {
     }
     std::vector<std::int32_t> short_lengths(lengths.begin(), lengths.end() - 1);
     expect_refused("shrink: new_lengths one short", fn, "new_lengths", [&] { call(short_lengths, released_.size()); });
-    if (total > 0)
-      expect_refused("shrink: released one short", fn, "released", [&] { call(lengths, total - 1); });
+    if (total > 0) expect_refused("shrink: released one short", fn, "released", [&] { call(lengths, total - 1); });
   }
 
   // ---- one step ------------------------------------------------------------
@@ -838,8 +790,7 @@ class engine {
       observe(layer_view(l), layer_state(l), qo_span());
       model_observe(l);
       if (inject && l == inject_layer) refused_compress_calls(l);
-      sh::host::compress(policy_, layer_view(l), layer_state(l), cfg_.budget,
-                         {workspace_->data(), workspace_->size()}, output(l));
+      sh::host::compress(policy_, layer_view(l), layer_state(l), cfg_.budget, workspace_->span(), output(l));
       check_outputs(l, errors);
       model_compress(l, errors);
     }
@@ -988,31 +939,24 @@ struct tiny_paged {
 
   tiny_paged() : buffer(sh::state_bytes({2, 1, 16, 0})) {
     policy.config.recent = 2;
-    state = sh::make_state(sh::host_span<std::byte>(buffer.data(), buffer.size()), {2, 1, 16, 0});
+    state = sh::make_state(buffer.span(), {2, 1, 16, 0});
     sh::host::reset_state(state);
     sh::host::admit(policy, view(), batch_state());
     workspace.resize(sh::host::compress_workspace_bytes(view()) + 16);
   }
   sh::host_paged_kv_view<float> view() {
-    return sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                                  sh::host_span<const std::int32_t>(indptr.data(), indptr.size()),
-                                  sh::host_span<const std::int32_t>(indices.data(), indices.size()),
-                                  sh::host_span<const std::int32_t>(last_page_len.data(), last_page_len.size()), 2,
-                                  1, 4, 4, 8, 4);
+    return paged_view(mspan(k), mspan(v), indptr, indices, last_page_len, 2, 1, 4, 4, 8, 4);
   }
-  sh::eviction_state<host> batch_state() {
-    return state.for_batch(sh::host_span<const std::int32_t>(rows.data(), rows.size()));
-  }
+  sh::eviction_state<host> batch_state() { return state.for_batch(cspan(rows)); }
   void compress(sh::compress_output<host> out) {
-    sh::host::compress(policy, view(), batch_state(), 16, {workspace.data(), workspace.size()}, out);
+    sh::host::compress(policy, view(), batch_state(), 16, mspan(workspace), out);
   }
   std::vector<std::vector<std::int32_t>> snapshot() const { return {indptr, indices, last_page_len, rows}; }
 };
 
 }  // namespace
 
-TEST_CASE("compress refuses outputs that alias the page table or the state rows",
-          "[engine][aliasing][regression]") {
+TEST_CASE("compress refuses outputs that alias the page table or the state rows", "[engine][aliasing][regression]") {
   tiny_paged t;
   const auto refused = [&](const char* argument, sh::compress_output<host> out) {
     check_refused(t, "host::compress", argument, [&] { t.compress(out); });
@@ -1038,8 +982,7 @@ TEST_CASE("shrink_page_table refuses released aliasing new_lengths", "[engine][a
   const auto snapshot = [&] { return std::vector<std::vector<std::int32_t>>{indptr, indices, last_page_len}; };
   const auto shrink = [&] {
     (void)sh::host::shrink_page_table({indptr.data(), 3}, {indices.data(), indices.size()}, {last_page_len.data(), 2},
-                                      4, sh::host_span<const std::int32_t>(scratch.data(), 2),
-                                      {scratch.data(), scratch.size()});
+                                      4, cspan(scratch, 2), {scratch.data(), scratch.size()});
   };
   check_refused(snapshot, "host::shrink_page_table", "released", shrink);
 }

@@ -100,6 +100,7 @@ class aligned_buffer {
   std::size_t size() const { return size_; }
   std::byte* begin() const { return data_; }  // a range, for bytes_of and push_bytes
   std::byte* end() const { return data_ + size_; }
+  scissorhands::host_span<std::byte> span() const { return {data_, size_}; }
 
  private:
   std::byte* data_ = nullptr;
@@ -120,6 +121,45 @@ void push_one(snapshot_t& s, const Range& r) {
 template <class... Ranges>
 void push_bytes(snapshot_t& s, const Ranges&... ranges) {
   (push_one(s, ranges), ...);
+}
+
+// Spans over a vector: its first n elements, or all of them.
+template <class T>
+scissorhands::host_span<const T> cspan(const std::vector<T>& v, std::size_t n) {
+  return {v.data(), n};
+}
+template <class T>
+scissorhands::host_span<const T> cspan(const std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+template <class T>
+scissorhands::host_span<T> mspan(std::vector<T>& v, std::size_t n) {
+  return {v.data(), n};
+}
+template <class T>
+scissorhands::host_span<T> mspan(std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+
+// The engine's pools under the first `batch` rows of its CSR page table.
+inline scissorhands::host_paged_kv_view<float> paged_view(
+    scissorhands::host_span<float> k, scissorhands::host_span<float> v, const std::vector<std::int32_t>& indptr,
+    const std::vector<std::int32_t>& indices, const std::vector<std::int32_t>& last_page_len, std::int32_t batch,
+    std::int32_t kv_heads, std::int32_t head_dim, std::int32_t page_size, std::int32_t num_pages,
+    std::int32_t max_pages, bool hnd = false) {
+  const auto n = static_cast<std::size_t>(batch);
+  return scissorhands::make_paged_kv_view(k, v, cspan(indptr, n + 1), cspan(indices), cspan(last_page_len, n), batch,
+                                          kv_heads, head_dim, page_size, num_pages, max_pages,
+                                          hnd ? scissorhands::named_layout::hnd : scissorhands::named_layout::nhd);
+}
+
+// host::shrink_page_table over the first `batch` rows of the table; returns the pages released.
+inline std::size_t shrink_table(std::vector<std::int32_t>& indptr, std::vector<std::int32_t>& indices,
+                                std::vector<std::int32_t>& last_page_len, std::int32_t batch, std::int32_t page_size,
+                                const std::vector<std::int32_t>& new_lengths, std::vector<std::int32_t>& released) {
+  const auto n = static_cast<std::size_t>(batch);
+  return scissorhands::host::shrink_page_table(mspan(indptr, n + 1), mspan(indices), mspan(last_page_len, n), page_size,
+                                               cspan(new_lengths, n), mspan(released));
 }
 
 // A pool's contents before any token is written: per (tag, layer, element),
@@ -212,6 +252,31 @@ inline void check_protected(const std::set<std::int32_t>& seen, std::int32_t sta
     if (!seen.count(p)) errors.push_back(where + "recent position " + std::to_string(p) + " is gone");
   for (std::int32_t p = start; p < std::min(s.sinks, next_position); ++p)
     if (!seen.count(p)) errors.push_back(where + "sink position " + std::to_string(p) + " is gone");
+}
+
+// Pages conserved: each held by one request at most (`held`: each request's
+// pages), none both held and free or free twice, held + free = the pool.
+inline void check_pages(const std::string& what, std::int32_t num_pages,
+                        const std::vector<const std::vector<std::int32_t>*>& held,
+                        const std::vector<std::int32_t>& free_pages, std::vector<std::string>& errors) {
+  std::vector<char> used(static_cast<std::size_t>(num_pages), 0);
+  std::size_t in_use = 0;
+  for (const auto* pages : held) {
+    for (std::int32_t p : *pages)
+      if (p < 0 || p >= num_pages || used[static_cast<std::size_t>(p)])
+        errors.push_back(what + "page " + std::to_string(p) + " is out of the pool or held twice");
+      else
+        used[static_cast<std::size_t>(p)] = 1;
+    in_use += pages->size();
+  }
+  for (std::int32_t p : free_pages)
+    if (p < 0 || p >= num_pages || used[static_cast<std::size_t>(p)])
+      errors.push_back(what + "free page " + std::to_string(p) + " is also in use or listed twice");
+    else
+      used[static_cast<std::size_t>(p)] = 2;
+  if (in_use + free_pages.size() != static_cast<std::size_t>(num_pages))
+    errors.push_back(what + "pages not conserved: " + std::to_string(in_use) + " in use + " +
+                     std::to_string(free_pages.size()) + " free != " + std::to_string(num_pages));
 }
 
 // The end of a step: its problems (the first 12) as one failure, and no

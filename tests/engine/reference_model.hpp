@@ -117,6 +117,48 @@ struct model_rules {
     }
   }
 
+  // One request's step on one layer, replayed: its new tokens join every
+  // head of the layer, then each of its queries adds, to every slot it sees,
+  // the probabilities of its GQA group combined.
+  struct step {
+    std::int32_t layer, kv_heads, group;  // heads[layer * kv_heads + h]; query heads per KV head
+    std::int32_t base, n_new, q_len;      // n_new tokens from position base; the last q_len have queries
+    std::int32_t length;                  // slots after the new tokens
+    std::int64_t first_step;              // the first query's step
+    std::int32_t first_token, columns;    // the probabilities: [token][q_head][columns]
+    const float* probs;                   // the fp32 values the library was given
+    const double* probs_d = nullptr;      // the test's doubles (nullptr: the fp32 values)
+  };
+  void replay(std::vector<std::vector<model_token>>& heads, const step& r) const {
+    for (std::int32_t h = 0; h < r.kv_heads; ++h)
+      for (std::int32_t i = 0; i < r.n_new; ++i) {
+        model_token t;
+        t.position = r.base + i;
+        heads[static_cast<std::size_t>(r.layer * r.kv_heads + h)].push_back(std::move(t));
+      }
+    if (!attention) return;
+    std::vector<float> pe(static_cast<std::size_t>(r.group));
+    std::vector<double> pd(static_cast<std::size_t>(r.group));
+    for (std::int32_t h = 0; h < r.kv_heads; ++h) {
+      auto& slots = heads[static_cast<std::size_t>(r.layer * r.kv_heads + h)];
+      for (std::int32_t j = 0; j < r.q_len; ++j) {
+        const auto token = static_cast<std::size_t>(r.first_token + j);
+        const std::int32_t visible = r.length - r.q_len + j + 1;
+        for (std::int32_t s = 0; s < visible; ++s) {
+          for (std::int32_t g = 0; g < r.group; ++g) {
+            const std::size_t at =
+                (token * static_cast<std::size_t>(r.kv_heads * r.group) + static_cast<std::size_t>(h * r.group + g)) *
+                    static_cast<std::size_t>(r.columns) +
+                static_cast<std::size_t>(s);
+            pe[static_cast<std::size_t>(g)] = r.probs[at];
+            pd[static_cast<std::size_t>(g)] = r.probs_d != nullptr ? r.probs_d[at] : r.probs[at];
+          }
+          update(slots[static_cast<std::size_t>(s)], r.first_step + j, combine(pe.data(), pd.data(), r.group, visible));
+        }
+      }
+    }
+  }
+
   // Bounds of the token's score in exact arithmetic.
   std::pair<double, double> bounds(const model_token& t) const {
     if constexpr (window) {

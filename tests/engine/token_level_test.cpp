@@ -79,14 +79,6 @@ constexpr std::int32_t max_batch = max_active + max_padding;
 constexpr std::int32_t max_context = 64;              // what a table row allows a request (above the state's capacity)
 constexpr std::int32_t prefix_content_base = 100000;  // V[1] of a shared prefix's tokens: this + prefix index
 
-template <class T>
-sh::host_span<const T> cspan(const std::vector<T>& v, std::size_t n) {
-  return {v.data(), n};
-}
-template <class T>
-sh::host_span<T> mspan(std::vector<T>& v, std::size_t n) {
-  return {v.data(), n};
-}
 inline std::int32_t ceil_div(std::int32_t a, std::int32_t b) { return (a + b - 1) / b; }
 
 struct tl_config {
@@ -290,12 +282,9 @@ struct vllm_storage {
   }
   view_t view(std::int32_t l, const std::vector<std::int32_t>* alt_indices = nullptr) {
     float* base = kv[static_cast<std::size_t>(l)].data();
-    const auto& ind = alt_indices != nullptr ? *alt_indices : indices;
-    return sh::make_paged_kv_view(sh::host_span<float>(base, static_cast<std::size_t>(half)),
-                                  sh::host_span<float>(base + half, static_cast<std::size_t>(half)),
-                                  cspan(indptr, static_cast<std::size_t>(batch) + 1), cspan(ind, ind.size()),
-                                  cspan(last_page_len, static_cast<std::size_t>(batch)), batch, H, D, bs, num_blocks,
-                                  max_blocks);
+    return paged_view({base, static_cast<std::size_t>(half)}, {base + half, static_cast<std::size_t>(half)}, indptr,
+                      alt_indices != nullptr ? *alt_indices : indices, last_page_len, batch, H, D, bs, num_blocks,
+                      max_blocks);
   }
   // After compact on every layer: the new lengths go to the CSR once
   // (shrink_page_table), the released blocks back to the free queue, and the
@@ -308,10 +297,7 @@ struct vllm_storage {
            j < ceil_div(seq_lens[static_cast<std::size_t>(b)], bs); ++j)
         expect.push_back(entry(b, j));
     std::fill(released.begin(), released.end(), -9);
-    const std::size_t n = sh::host::shrink_page_table(
-        mspan(indptr, static_cast<std::size_t>(batch) + 1), mspan(indices, indices.size()),
-        mspan(last_page_len, static_cast<std::size_t>(batch)), bs, cspan(new_lengths, static_cast<std::size_t>(batch)),
-        mspan(released, released.size()));
+    const std::size_t n = shrink_table(indptr, indices, last_page_len, batch, bs, new_lengths, released);
     if (n != expect.size() || !std::equal(expect.begin(), expect.end(), released.begin()))
       errors.push_back("vLLM: shrink_page_table released " + std::to_string(n) + " blocks, not the " +
                        std::to_string(expect.size()) + " trailing blocks of the padded table");
@@ -411,28 +397,72 @@ struct vllm_storage {
   }
 };
 
+// SGLang's and llama.cpp's side in common: per layer a K and a V pool
+// [slot id][kv_heads][head_dim], and the page-size-1 CSR their FlashInfer
+// backends build from each request's slot ids.
+struct token_pools {
+  std::int32_t L, H, D, ids;  // slot ids 0..ids-1
+  std::vector<std::vector<float>> k, v;
+  std::vector<std::int32_t> indptr, indices, last_page_len;
+  std::int32_t batch = 0;
+
+  // The pools' background per layer: from k_base (tag k_tag) and v_base (v_tag) up.
+  token_pools(const tl_config& c, std::int32_t slot_ids, std::size_t table, float k_base, std::int64_t k_tag,
+              float v_base, std::int64_t v_tag)
+      : L(c.layers), H(c.kv_heads), D(c.head_dim), ids(slot_ids) {
+    const std::size_t elems = static_cast<std::size_t>(ids) * static_cast<std::size_t>(H * D);
+    for (std::int32_t l = 0; l < L; ++l) {
+      k.push_back(background(elems, k_base, k_tag, l));
+      v.push_back(background(elems, v_base, v_tag, l));
+    }
+    indptr.assign(max_batch + 1, 0);
+    indices.assign(table, -1);
+    last_page_len.assign(max_batch, 0);
+  }
+  std::int32_t page_size() const { return 1; }
+  std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
+    return shuffled_order(active.size(), r);
+  }
+  float* at_id(int kind, std::int32_t l, std::int32_t id, std::int32_t h) {
+    return (kind == 0 ? k : v)[static_cast<std::size_t>(l)].data() + (std::int64_t{id} * H + h) * D;
+  }
+  // One CSR row a batch position: the request's slot ids (list_of), none for padding.
+  template <class ListOf>
+  void build_csr(const std::vector<request*>& b_of, ListOf list_of) {
+    batch = static_cast<std::int32_t>(b_of.size());
+    std::fill(indices.begin(), indices.end(), -1);
+    indptr[0] = 0;
+    for (std::int32_t b = 0; b < batch; ++b) {
+      const auto ub = static_cast<std::size_t>(b);
+      const std::vector<std::int32_t> list = b_of[ub] == nullptr ? std::vector<std::int32_t>{} : list_of(*b_of[ub]);
+      std::copy(list.begin(), list.end(), indices.begin() + indptr[ub]);
+      indptr[ub + 1] = indptr[ub] + static_cast<std::int32_t>(list.size());
+      last_page_len[ub] = list.empty() ? 0 : 1;
+    }
+  }
+  view_t view(std::int32_t l) {
+    const auto ul = static_cast<std::size_t>(l);
+    return paged_view(mspan(k[ul]), mspan(v[ul]), indptr, indices, last_page_len, batch, H, D, 1, ids, max_context);
+  }
+  void kv_into(snapshot_t& s) const { push_bytes(s, k, v); }
+};
+
 // SGLang: one token pool per layer [slots][kv_heads][head_dim] (slot 0 is the
 // padding slot, never handed out), an allocator of slot ids, req_to_token.
-struct sglang_storage {
+struct sglang_storage : token_pools {
   static constexpr const char* name = "SGLang";
   static constexpr flow kind = flow::forget;
-  static constexpr bool padding = true;  // CUDA-graph batches padded to a captured size
-  std::int32_t L, H, D, pool;            // usable slots 1..pool
-  std::vector<std::vector<float>> k_buffer, v_buffer;
+  static constexpr bool padding = true;    // CUDA-graph batches padded to a captured size
+  std::int32_t pool;                       // usable slots 1..pool
   std::deque<std::int32_t> free_slots;     // TokenToKVPoolAllocator: alloc from the front, free to the back
   std::vector<std::int32_t> req_to_token;  // [state_rows][max_context]
   std::vector<std::int32_t> req_len;       // [state_rows]
   std::vector<std::int32_t> free_reqs;
-  std::vector<std::int32_t> indptr, indices, last_page_len;
-  std::int32_t batch = 0;
 
   sglang_storage(const tl_config& c, std::int32_t capacity, rng& r)
-      : L(c.layers), H(c.kv_heads), D(c.head_dim), pool(max_active * capacity + 7) {
-    const std::size_t elems = static_cast<std::size_t>(pool + 1) * static_cast<std::size_t>(H * D);
-    for (std::int32_t l = 0; l < L; ++l) {
-      k_buffer.push_back(background(elems, 2000.0f, 4, l));
-      v_buffer.push_back(background(elems, 3000.0f, 5, l));
-    }
+      : token_pools(c, max_active * capacity + 8, static_cast<std::size_t>(state_rows * max_context + 3), 2000.0f, 4,
+                    3000.0f, 5),
+        pool(max_active * capacity + 7) {
     std::vector<std::int32_t> ids;
     for (std::int32_t s = 1; s <= pool; ++s) ids.push_back(s);
     r.shuffle(ids);
@@ -440,11 +470,7 @@ struct sglang_storage {
     req_to_token.assign(static_cast<std::size_t>(state_rows * max_context), 0);
     req_len.assign(state_rows, 0);
     for (std::int32_t i = state_rows; i-- > 0;) free_reqs.push_back(i);
-    indptr.assign(max_batch + 1, 0);
-    indices.assign(static_cast<std::size_t>(state_rows * max_context + 3), -1);
-    last_page_len.assign(max_batch, 0);
   }
-  std::int32_t page_size() const { return 1; }
   std::int32_t& token(std::int32_t req, std::int32_t t) {
     return req_to_token[static_cast<std::size_t>(req * max_context + t)];
   }
@@ -475,9 +501,6 @@ struct sglang_storage {
     free_reqs.push_back(q.handle);
     q.handle = -1;
   }
-  std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
-    return shuffled_order(active.size(), r);
-  }
   void allocate(request& q, std::int32_t, std::int32_t count) {  // out_cache_loc
     auto& len = req_len[static_cast<std::size_t>(q.handle)];
     for (std::int32_t k = 0; k < count; ++k) {
@@ -489,31 +512,14 @@ struct sglang_storage {
   }
   std::int32_t slot_id(const request& q, std::int32_t slot) const { return token(q.handle, slot); }
   float* row(int kind, std::int32_t l, const request& q, std::int32_t h, std::int32_t slot) {
-    auto& buf = kind == 0 ? k_buffer[static_cast<std::size_t>(l)] : v_buffer[static_cast<std::size_t>(l)];
-    return buf.data() + (std::int64_t{slot_id(q, slot)} * H + h) * D;
+    return at_id(kind, l, slot_id(q, slot), h);
   }
   // The CSR SGLang's FlashInfer backend builds from req_to_token (page size 1).
   void build_tables(const std::vector<request*>& b_of) {
-    batch = static_cast<std::int32_t>(b_of.size());
-    std::fill(indices.begin(), indices.end(), -1);
-    indptr[0] = 0;
-    for (std::int32_t b = 0; b < batch; ++b) {
-      const request* q = b_of[static_cast<std::size_t>(b)];
-      const std::int32_t req = q == nullptr ? -1 : q->handle;  // nullptr: a padding slot
-      const std::int32_t len = q == nullptr ? 0 : req_len[static_cast<std::size_t>(req)];
-      for (std::int32_t t = 0; t < len; ++t)
-        indices[static_cast<std::size_t>(indptr[static_cast<std::size_t>(b)] + t)] = token(req, t);
-      indptr[static_cast<std::size_t>(b) + 1] = indptr[static_cast<std::size_t>(b)] + len;
-      last_page_len[static_cast<std::size_t>(b)] = len > 0 ? 1 : 0;
-    }
-  }
-  view_t view(std::int32_t l) {
-    auto& k = k_buffer[static_cast<std::size_t>(l)];
-    auto& v = v_buffer[static_cast<std::size_t>(l)];
-    return sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                                  cspan(indptr, static_cast<std::size_t>(batch) + 1), cspan(indices, indices.size()),
-                                  cspan(last_page_len, static_cast<std::size_t>(batch)), batch, H, D, 1, pool + 1,
-                                  max_context);
+    build_csr(b_of, [&](const request& q) {
+      const auto* first = &req_to_token[static_cast<std::size_t>(q.handle * max_context)];
+      return std::vector<std::int32_t>(first, first + req_len[static_cast<std::size_t>(q.handle)]);
+    });
   }
   // The library's choice, applied by the engine: each evicted slot id goes
   // back to the allocator and leaves req_to_token, the rest keep their order.
@@ -611,15 +617,14 @@ struct sglang_storage {
     }
   }
   void snapshot_into(snapshot_t& s) const {
-    push_bytes(s, k_buffer, v_buffer, req_to_token, req_len, indptr, indices, last_page_len);
+    push_bytes(s, k, v, req_to_token, req_len, indptr, indices, last_page_len);
     push_bytes(s, std::vector<std::int32_t>(free_slots.begin(), free_slots.end()));
   }
-  void kv_into(snapshot_t& s) const { push_bytes(s, k_buffer, v_buffer); }
 };
 
 // llama.cpp: one set of cells for every layer and head (position + the set
 // of sequences holding it), K and V per layer [cell][kv_heads * head_dim].
-struct llama_storage {
+struct llama_storage : token_pools {
   static constexpr const char* name = "llama.cpp";
   static constexpr flow kind = flow::forget;
   static constexpr bool padding = true;
@@ -627,30 +632,20 @@ struct llama_storage {
     std::int32_t pos = -1;
     std::uint32_t seq = 0;  // bit s: sequence s holds the cell
   };
-  std::int32_t L, H, D, n_cells, head = 0;
+  std::int32_t n_cells, head = 0;
   std::vector<cell> cells;
-  std::vector<std::vector<float>> k_l, v_l;
   std::vector<std::int32_t> free_seq_ids;
   std::vector<std::vector<std::int32_t>> seq_cells;  // per seq id: its cells in position order
-  std::vector<std::int32_t> indptr, indices, last_page_len;
-  std::int32_t batch = 0;
 
   llama_storage(const tl_config& c, std::int32_t capacity, rng& r)
-      : L(c.layers), H(c.kv_heads), D(c.head_dim), n_cells(max_active * capacity + 9) {
+      : token_pools(c, max_active * capacity + 9, static_cast<std::size_t>(max_active * capacity + 12), 4000.0f, 6,
+                    5000.0f, 8),
+        n_cells(max_active * capacity + 9) {
     cells.resize(static_cast<std::size_t>(n_cells));
-    const std::size_t elems = static_cast<std::size_t>(n_cells) * static_cast<std::size_t>(H * D);
-    for (std::int32_t l = 0; l < L; ++l) {
-      k_l.push_back(background(elems, 4000.0f, 6, l));
-      v_l.push_back(background(elems, 5000.0f, 8, l));
-    }
     for (std::int32_t s = 0; s < 16; ++s) free_seq_ids.push_back(s);
     r.shuffle(free_seq_ids);
     seq_cells.resize(16);
-    indptr.assign(max_batch + 1, 0);
-    indices.assign(static_cast<std::size_t>(n_cells + 3), -1);
-    last_page_len.assign(max_batch, 0);
   }
-  std::int32_t page_size() const { return 1; }
   static std::uint32_t bit(std::int32_t seq) { return 1u << seq; }
   // The sequence's cells in position order, read from the cells alone.
   std::vector<std::int32_t> cells_of(std::int32_t seq) const {
@@ -685,9 +680,6 @@ struct llama_storage {
     free_seq_ids.insert(free_seq_ids.begin(), q.handle);
     q.handle = -1;
   }
-  std::vector<std::int32_t> batch_order(const std::vector<request>& active, rng& r) const {
-    return shuffled_order(active.size(), r);
-  }
   // find_slot: the first empty cells from `head` on, wrapping around.
   void allocate(request& q, std::int32_t offset, std::int32_t count) {
     for (std::int32_t k = 0; k < count; ++k) {
@@ -704,30 +696,10 @@ struct llama_storage {
     return seq_cells[static_cast<std::size_t>(q.handle)][static_cast<std::size_t>(slot)];
   }
   float* row(int kind, std::int32_t l, const request& q, std::int32_t h, std::int32_t slot) {
-    auto& buf = kind == 0 ? k_l[static_cast<std::size_t>(l)] : v_l[static_cast<std::size_t>(l)];
-    return buf.data() + (std::int64_t{slot_id(q, slot)} * H + h) * D;
+    return at_id(kind, l, slot_id(q, slot), h);
   }
   void build_tables(const std::vector<request*>& b_of) {
-    batch = static_cast<std::int32_t>(b_of.size());
-    std::fill(indices.begin(), indices.end(), -1);
-    indptr[0] = 0;
-    static const std::vector<std::int32_t> none;
-    for (std::int32_t b = 0; b < batch; ++b) {
-      const request* q = b_of[static_cast<std::size_t>(b)];
-      const auto& list = q == nullptr ? none : seq_cells[static_cast<std::size_t>(q->handle)];
-      std::copy(list.begin(), list.end(), indices.begin() + indptr[static_cast<std::size_t>(b)]);
-      indptr[static_cast<std::size_t>(b) + 1] =
-          indptr[static_cast<std::size_t>(b)] + static_cast<std::int32_t>(list.size());
-      last_page_len[static_cast<std::size_t>(b)] = list.empty() ? 0 : 1;
-    }
-  }
-  view_t view(std::int32_t l) {
-    auto& k = k_l[static_cast<std::size_t>(l)];
-    auto& v = v_l[static_cast<std::size_t>(l)];
-    return sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
-                                  cspan(indptr, static_cast<std::size_t>(batch) + 1), cspan(indices, indices.size()),
-                                  cspan(last_page_len, static_cast<std::size_t>(batch)), batch, H, D, 1, n_cells,
-                                  max_context);
+    build_csr(b_of, [&](const request& q) { return seq_cells[static_cast<std::size_t>(q.handle)]; });
   }
   // The library names the cells; the engine clears them for that sequence.
   std::int64_t release(const std::vector<request*>& b_of, const sh::eviction_selection<host>& sel,
@@ -807,11 +779,7 @@ struct llama_storage {
       }
     }
   }
-  void snapshot_into(snapshot_t& s) const {
-    kv_into(s);
-    push_bytes(s, cells, indptr, indices, last_page_len);
-  }
-  void kv_into(snapshot_t& s) const { push_bytes(s, k_l, v_l); }
+  void snapshot_into(snapshot_t& s) const { push_bytes(s, k, v, cells, indptr, indices, last_page_len); }
 };
 
 // FlashInfer with a page table per layer: each layer has its own pages,
@@ -912,14 +880,9 @@ struct flashinfer_storage {
     }
   }
   view_t view(std::int32_t l) {
-    auto& kk = k[static_cast<std::size_t>(l)];
-    auto& vv = v[static_cast<std::size_t>(l)];
-    return sh::make_paged_kv_view(
-        sh::host_span<float>(kk.data(), kk.size()), sh::host_span<float>(vv.data(), vv.size()),
-        cspan(indptr[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch) + 1),
-        cspan(indices[static_cast<std::size_t>(l)], indices[static_cast<std::size_t>(l)].size()),
-        cspan(last_page_len[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch)), batch, H, D, ps, num_pages,
-        max_pages, hnd ? sh::named_layout::hnd : sh::named_layout::nhd);
+    const auto ul = static_cast<std::size_t>(l);
+    return paged_view(mspan(k[ul]), mspan(v[ul]), indptr[ul], indices[ul], last_page_len[ul], batch, H, D, ps,
+                      num_pages, max_pages, hnd);
   }
   // After compress on layer l: this layer's table shrinks, its pages go back.
   std::int64_t apply_layer(std::int32_t l, const std::vector<request*>& b_of,
@@ -931,11 +894,8 @@ struct flashinfer_storage {
       expect.insert(expect.end(), list.begin() + ceil_div(new_lengths[static_cast<std::size_t>(b)], ps), list.end());
     }
     std::fill(released.begin(), released.end(), -9);
-    const std::size_t n = sh::host::shrink_page_table(
-        mspan(indptr[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch) + 1),
-        mspan(indices[static_cast<std::size_t>(l)], indices[static_cast<std::size_t>(l)].size()),
-        mspan(last_page_len[static_cast<std::size_t>(l)], static_cast<std::size_t>(batch)), ps,
-        cspan(new_lengths, static_cast<std::size_t>(batch)), mspan(released, released.size()));
+    const auto ul = static_cast<std::size_t>(l);
+    const std::size_t n = shrink_table(indptr[ul], indices[ul], last_page_len[ul], batch, ps, new_lengths, released);
     if (n != expect.size() || !std::equal(expect.begin(), expect.end(), released.begin()))
       errors.push_back("FlashInfer layer " + std::to_string(l) +
                        ": shrink_page_table released other pages than the trailing ones");
@@ -950,28 +910,15 @@ struct flashinfer_storage {
   void check(const std::vector<request>& active, const std::vector<shared_prefix>&,
              std::vector<std::string>& errors) const {
     for (std::int32_t l = 0; l < L; ++l) {
-      std::vector<char> used(static_cast<std::size_t>(num_pages), 0);
-      std::int32_t in_use = 0;
+      const std::string where = "FlashInfer layer " + std::to_string(l) + ": ";
+      std::vector<const std::vector<std::int32_t>*> held;
       for (const auto& q : active) {
         const auto& list = q.pages[static_cast<std::size_t>(l)];
         if (static_cast<std::int32_t>(list.size()) != ceil_div(q.length[static_cast<std::size_t>(l)], ps))
-          errors.push_back("FlashInfer layer " + std::to_string(l) + ": request " + std::to_string(q.id) +
-                           " holds a wrong number of pages");
-        for (std::int32_t p : list) {
-          if (p < 0 || p >= num_pages || used[static_cast<std::size_t>(p)])
-            errors.push_back("FlashInfer: page out of the pool or held twice");
-          else
-            used[static_cast<std::size_t>(p)] = 1, ++in_use;
-        }
+          errors.push_back(where + "request " + std::to_string(q.id) + " holds a wrong number of pages");
+        held.push_back(&list);
       }
-      const auto& f = free_pages[static_cast<std::size_t>(l)];
-      for (std::int32_t p : f)
-        if (p < 0 || p >= num_pages || used[static_cast<std::size_t>(p)])
-          errors.push_back("FlashInfer: free page in use or freed twice");
-        else
-          used[static_cast<std::size_t>(p)] = 2;
-      if (in_use + static_cast<std::int32_t>(f.size()) != num_pages)
-        errors.push_back("FlashInfer layer " + std::to_string(l) + ": pages not conserved");
+      check_pages(where, num_pages, held, free_pages[static_cast<std::size_t>(l)], errors);
     }
   }
   void snapshot_into(snapshot_t& s) const { push_bytes(s, k, v, free_pages, indptr, indices, last_page_len); }
@@ -1012,7 +959,7 @@ class token_driver {
     // model_state sizing: one eviction_state per layer, one buffer.
     shape_ = {state_rows, H_, capacity_, policy_.ring_words()};
     model_buffer_ = std::make_unique<aligned_buffer>(sh::model_state_bytes(shape_, L_));
-    model_ = sh::make_model_state(sh::host_span<std::byte>(model_buffer_->data(), model_buffer_->size()), shape_, L_);
+    model_ = sh::make_model_state(model_buffer_->span(), shape_, L_);
     sh::host::reset_state(model_);
     store_ = std::make_unique<Storage>(c, capacity_, rng_);
     for (std::int32_t r = 0; r < state_rows; ++r) free_rows_.push_back(r);
@@ -1082,8 +1029,8 @@ class token_driver {
   sh::host_span<const std::int32_t> pinned_span() const { return cspan(pinned_, static_cast<std::size_t>(batch_)); }
   state_t layer_state(std::int32_t l) const { return model_.layer(l).for_batch(rows_span()); }
   model_t batch_model() const { return model_.for_batch(rows_span()); }
-  sh::host_span<std::byte> workspace() const { return {workspace_->data(), workspace_->size()}; }
-  sh::host_span<std::byte> compact_workspace() const { return {compact_ws_->data(), compact_ws_->size()}; }
+  sh::host_span<std::byte> workspace() const { return workspace_->span(); }
+  sh::host_span<std::byte> compact_workspace() const { return compact_ws_->span(); }
   std::int64_t state_index(std::int32_t r, std::int32_t h, std::int32_t t) const {
     return (std::int64_t{r} * H_ + h) * capacity_ + t;  // the documented [rows][kv_heads][capacity]
   }
@@ -1310,38 +1257,19 @@ class token_driver {
 
   // The model replays the same step from the definition (reference_model.hpp).
   void model_observe(std::int32_t l) {
-    std::vector<float> pe(static_cast<std::size_t>(G_));
-    std::vector<double> pd(static_cast<std::size_t>(G_));
-    for (std::int32_t b = 0; b < batch_; ++b) {
-      if (b_of_[static_cast<std::size_t>(b)] == nullptr) continue;
-      request& q = *b_of_[static_cast<std::size_t>(b)];
-      for (std::int32_t h = 0; h < H_; ++h) {
-        auto& slots = q.heads[static_cast<std::size_t>(l * H_ + h)];
-        for (std::int32_t i = 0; i < q.n_new; ++i) {
-          model_token t;
-          t.position = q.base + i;
-          slots.push_back(std::move(t));
-        }
-      }
-      if (!rules_t::attention || q.q_len == 0) continue;
-      const std::int32_t len = q.length[static_cast<std::size_t>(l)] + q.n_new;
-      for (std::int32_t h = 0; h < H_; ++h) {
-        auto& slots = q.heads[static_cast<std::size_t>(l * H_ + h)];
-        for (std::int32_t j = 0; j < q.q_len; ++j) {
-          const std::int32_t token = qo_[static_cast<std::size_t>(b)] + j;
-          const std::int32_t visible = len - q.q_len + j + 1;
-          for (std::int32_t s = 0; s < visible; ++s) {
-            for (std::int32_t g = 0; g < G_; ++g) {
-              pe[static_cast<std::size_t>(g)] =
-                  probs_[(static_cast<std::size_t>(token) * QH_ + h * G_ + g) * columns_ + s];
-              pd[static_cast<std::size_t>(g)] = pe[static_cast<std::size_t>(g)];
-            }
-            rules_.update(slots[static_cast<std::size_t>(s)], q.step + j,
-                          rules_.combine(pe.data(), pd.data(), G_, visible));
-          }
-        }
-      }
-    }
+    for (std::int32_t b = 0; b < batch_; ++b)
+      if (request* q = b_of_[static_cast<std::size_t>(b)])
+        rules_.replay(q->heads, {.layer = l,
+                                 .kv_heads = H_,
+                                 .group = G_,
+                                 .base = q->base,
+                                 .n_new = q->n_new,
+                                 .q_len = q->q_len,
+                                 .length = q->length[static_cast<std::size_t>(l)] + q->n_new,
+                                 .first_step = q->step,
+                                 .first_token = qo_[static_cast<std::size_t>(b)],
+                                 .columns = columns_,
+                                 .probs = probs_.data()});
   }
 
   // ---- shared_layers: select, then the engine's flow -------------------------
@@ -1800,7 +1728,7 @@ class token_driver {
       if (len < budget) continue;
       aligned_buffer copy(model_buffer_->size());
       std::memcpy(copy.data(), model_buffer_->data(), model_buffer_->size());
-      const model_t alt = sh::make_model_state(sh::host_span<std::byte>(copy.data(), copy.size()), shape_, L_);
+      const model_t alt = sh::make_model_state(copy.span(), shape_, L_);
       const state_t s = alt.layer(l).for_batch(rows_span());
       std::int32_t* pos = s.positions;
       if (shared_heads && H_ >= 2)
