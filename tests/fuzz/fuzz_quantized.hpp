@@ -256,13 +256,7 @@ class quant_case {
     FUZZ_CHECK(code_bytes_ == (int4 ? head_dim_ / 2 : head_dim_) &&
                    params_row_ == (head_dim_ / q_.group_size) * (int4 ? 2 : 1),
                "kv_quantization: code_row_bytes or params_per_row");
-    if constexpr (Paged) {
-      table_.page_size = src_.i32(1, 5);
-      table_.max_pages = src_.i32(1, 6);
-      table_.num_pages = src_.i32(1, 12);
-    } else {
-      table_.capacity = src_.i32(1, 24);
-    }
+    table_.decode(src_, false);
     for (int i = 0; i < 4; ++i) {
       bool clean = true;
       lay_[i] = pick_strides(src_, extent0(), heads_, extent2(), row_of(i), clean);

@@ -73,19 +73,8 @@ class fuzz_case {
     s.batch = src_.i32(1, 3);
     s.kv_heads = src_.i32(1, 3);
     s.head_dim = src_.i32(1, 6);
-    // The extents of the (outer, head, token) levels: (pages, heads, page
-    // size) or (sequences, heads, capacity).
-    std::int32_t e0 = s.batch, e2 = 0;
-    if constexpr (Paged) {
-      cache_.page_size = src_.i32(1, 5);
-      cache_.max_pages = src_.i32(1, 6);
-      cache_.num_pages = src_.i32(1, 12);
-      e0 = cache_.num_pages;
-      e2 = cache_.page_size;
-    } else {
-      cache_.capacity = src_.i32(1, 24);
-      e2 = cache_.capacity;
-    }
+    cache_.decode(src_, false);
+    const std::int32_t e0 = cache_.outer_extent(s.batch), e2 = cache_.token_extent();
     cache_.kl = pick_strides(src_, e0, s.kv_heads, e2, s.head_dim, clean_layout_);
     cache_.vl = pick_strides(src_, e0, s.kv_heads, e2, s.head_dim, clean_layout_);
     const std::int64_t kx = extent_of(cache_.kl, e0, s.kv_heads, e2, s.head_dim);
@@ -166,11 +155,7 @@ class fuzz_case {
   // The library's named layouts must equal the ones written here.
   void check_named_layouts() const {
     const common_shape& s = cache_.shape;
-    std::int32_t e2 = 0;
-    if constexpr (Paged)
-      e2 = cache_.page_size;
-    else
-      e2 = cache_.capacity;
+    const std::int32_t e2 = cache_.token_extent();
     const auto nhd = sh::kv_layout::nhd(e2, s.kv_heads, s.head_dim);
     const auto hnd = sh::kv_layout::hnd(e2, s.kv_heads, s.head_dim);
     FUZZ_CHECK(nhd.head_stride == s.head_dim && nhd.token_stride == std::int64_t{s.kv_heads} * s.head_dim &&
@@ -380,26 +365,7 @@ class fuzz_case {
     rc.span = pass ? sh::host_span<const std::int32_t>(rc.storage.data(), rc.storage.size())
                    : sh::host_span<const std::int32_t>{};
     if (rc.null_with_size) rc.span = {nullptr, static_cast<std::size_t>(batch)};
-    rc.used.assign(static_cast<std::size_t>(batch), -1);
-    if (rc.span.data() == nullptr) {
-      for (std::int32_t b = 0; b < batch; ++b) rc.used[static_cast<std::size_t>(b)] = b;
-      rc.in_range = rows >= batch;
-    } else {
-      rc.in_range = rc.span.size() == static_cast<std::size_t>(batch);
-      std::vector<char> seen(static_cast<std::size_t>(rows), 0);
-      for (std::size_t b = 0; b < std::min(rc.span.size(), static_cast<std::size_t>(batch)); ++b) {
-        const std::int32_t r = rc.span[b];
-        if (r < -1 || r >= rows) {
-          rc.in_range = false;
-          continue;
-        }
-        if (r >= 0) {
-          if (seen[static_cast<std::size_t>(r)] != 0) rc.in_range = false;
-          seen[static_cast<std::size_t>(r)] = 1;
-        }
-        rc.used[b] = r;
-      }
-    }
+    rc.in_range = resolve_rows(rc.span, batch, rows, rc.used);
     if (rc.damage == expect::unknown && rc.in_range && rc.used == rows_) rc.damage = expect::ok;  // same mapping
     if (rc.damage != expect::ok) FUZZ_TRACE("  rows damaged (%d), in range %d\n", int(rc.damage), int(rc.in_range));
   }
@@ -550,17 +516,7 @@ class fuzz_case {
       const std::int32_t r = rc_.used[static_cast<std::size_t>(b)];
       const std::int32_t len = length_in(v, b);
       if (len < 0 || len > capacity_in(v, b)) return true;
-      if (r < 0) {
-        if (len != 0) return true;
-        continue;
-      }
-      if (len > state_shape_.capacity) return true;
-      const std::int32_t tracked = state_.tracked[r];
-      if (tracked < 0 || tracked > len) return true;
-      const std::int32_t next = state_.next_position[r];
-      if (next < 0 || std::int64_t{next} + (len - tracked) > INT32_MAX) return true;
-      if (state_.step[r] < 0 || state_.step[r] > (std::int64_t{1} << 62)) return true;
-      if (rc_.span.data() != nullptr && state_.status[r] != 0) return true;
+      if (row_refuses(state_, r, len, state_shape_.capacity, rc_.span.data() != nullptr)) return true;
     }
     return false;
   }
@@ -627,9 +583,7 @@ class fuzz_case {
     if (src_.rarely()) {
       sh::host::reset_state(state_);
       clean_state_ = true;
-      FUZZ_CHECK(std::all_of(state_buffer_.data, state_buffer_.data + state_buffer_.size,
-                             [](std::byte x) { return x == std::byte{0}; }),
-                 "reset_state left a non-zero byte");
+      FUZZ_CHECK(all_zero(state_buffer_), "reset_state left a non-zero byte");
     }
     return true;
   }

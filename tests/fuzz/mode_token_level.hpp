@@ -166,18 +166,9 @@ class layers_case {
     s.batch = src_.i32(1, 3);
     s.kv_heads = src_.i32(1, 3);
     s.head_dim = src_.i32(1, 4);
-    std::int32_t e0 = s.batch, e2 = 1;
     const auto nb = static_cast<std::size_t>(s.batch);
-    if constexpr (Paged) {
-      table_.page_size = src_.flag() ? 1 : src_.i32(1, 4);  // page size 1: a slot-list engine
-      table_.max_pages = src_.i32(1, 8);
-      table_.num_pages = src_.i32(1, 16);
-      e0 = table_.num_pages;
-      e2 = table_.page_size;
-    } else {
-      table_.capacity = src_.i32(1, 24);
-      e2 = table_.capacity;
-    }
+    table_.decode(src_, true);
+    const std::int32_t e0 = table_.outer_extent(s.batch), e2 = table_.token_extent();
     table_.start(s.batch, gen_);
     kv_.resize(static_cast<std::size_t>(layers_));
     for (layer_kv& kv : kv_)
@@ -241,8 +232,7 @@ class layers_case {
       FUZZ_CHECK(reinterpret_cast<std::byte*>(model_.layer(l).step) == state_buffer_.data + per_layer * static_cast<std::size_t>(l),
                  "model_state::layer(l) does not start layer_bytes * l into the buffer");
     sh::host::reset_state(model_);
-    FUZZ_CHECK(std::all_of(state_buffer_.data, state_buffer_.data + bytes, [](std::byte x) { return x == std::byte{0}; }),
-               "reset_state(model) left a non-zero byte");
+    FUZZ_CHECK(all_zero(state_buffer_), "reset_state(model) left a non-zero byte");
     pick_mapping(src_, gen_, shape_.batch, sshape_.rows, rows_, pass_rows_);
     append(true);
     FUZZ_TRACE("layers setup: layers %d batch %d heads %d dim %d paged %d page_size %d rows %d state capacity %d "
@@ -402,26 +392,7 @@ class layers_case {
     rc.span = pass ? sh::host_span<const std::int32_t>(rows_store_.data(), rows_store_.size())
                    : sh::host_span<const std::int32_t>{};
     if (damage && src_.rarely()) rc.span = {nullptr, static_cast<std::size_t>(batch)}, rc.structural = true;
-    rc.used.assign(static_cast<std::size_t>(batch), -1);
-    if (rc.span.data() == nullptr) {
-      for (std::int32_t b = 0; b < batch; ++b) rc.used[static_cast<std::size_t>(b)] = b;
-      rc.structural = rc.structural || rows < batch;
-      return rc;
-    }
-    if (rc.span.size() != static_cast<std::size_t>(batch)) rc.structural = true;
-    std::vector<char> seen(static_cast<std::size_t>(rows), 0);
-    for (std::size_t b = 0; b < std::min(rc.span.size(), static_cast<std::size_t>(batch)); ++b) {
-      const std::int32_t r = rc.span[b];
-      if (r < -1 || r >= rows) {
-        rc.structural = true;
-        continue;
-      }
-      if (r >= 0) {
-        if (seen[static_cast<std::size_t>(r)] != 0) rc.structural = true;
-        seen[static_cast<std::size_t>(r)] = 1;
-      }
-      rc.used[b] = r;
-    }
+    rc.structural = !resolve_rows(rc.span, batch, rows, rc.used) || rc.structural;
     return rc;
   }
 
@@ -432,21 +403,10 @@ class layers_case {
   [[nodiscard]] bool layer_refuses(std::int32_t l, const call_rows& rc) const {
     if (rc.structural) return true;
     const state_type s = layer(l);
-    for (std::int32_t b = 0; b < shape_.batch; ++b) {
-      const std::int32_t r = rc.used[static_cast<std::size_t>(b)];
-      const std::int32_t len = table_.length(b);
-      if (r < 0) {
-        if (len != 0) return true;
-        continue;
-      }
-      if (len > sshape_.capacity) return true;
-      const std::int32_t tracked = s.tracked[r];
-      if (tracked < 0 || tracked > len) return true;
-      const std::int32_t next = s.next_position[r];
-      if (next < 0 || std::int64_t{next} + (len - tracked) > INT32_MAX) return true;
-      if (s.step[r] < 0 || s.step[r] > (std::int64_t{1} << 62)) return true;
-      if (rc.span.data() != nullptr && s.status[r] != 0) return true;
-    }
+    for (std::int32_t b = 0; b < shape_.batch; ++b)
+      if (row_refuses(s, rc.used[static_cast<std::size_t>(b)], table_.length(b), sshape_.capacity,
+                      rc.span.data() != nullptr))
+        return true;
     return false;
   }
 
@@ -650,9 +610,7 @@ class layers_case {
       guarded("host::reset_state", expect::refuse, [&] { sh::host::reset_state(empty); });
       guarded("host::reset_sequence", expect::refuse, [&] { sh::host::reset_sequence(empty, 0, 0); });
       sh::host::reset_state(model_);
-      FUZZ_CHECK(std::all_of(state_buffer_.data, state_buffer_.data + state_buffer_.size,
-                             [](std::byte x) { return x == std::byte{0}; }),
-                 "reset_state(model) left a non-zero byte");
+      FUZZ_CHECK(all_zero(state_buffer_), "reset_state(model) left a non-zero byte");
     }
   }
 

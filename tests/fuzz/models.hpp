@@ -79,6 +79,22 @@ struct seq_table {
   std::int32_t page_size = 1, num_pages = 1, max_pages = 1;
   std::vector<std::int32_t> indptr, indices, last_page_len, free_pages;
 
+  // Decodes the sizes: 1-24 slots, or pages of 1-5 tokens, 1-6 a sequence,
+  // 1-12 in the pool (`slot_lists`, the token-level mode's: often pages of
+  // one token, as a slot-list engine; 1-8 a sequence, 1-16 in the pool).
+  void decode(byte_source& src, bool slot_lists) {
+    if constexpr (Paged) {
+      page_size = slot_lists ? (src.flag() ? 1 : src.i32(1, 4)) : src.i32(1, 5);
+      max_pages = src.i32(1, slot_lists ? 8 : 6);
+      num_pages = src.i32(1, slot_lists ? 16 : 12);
+    } else {
+      capacity = src.i32(1, 24);
+    }
+  }
+  // The extents of a strided buffer's (outer, token) levels: (pages, page
+  // size) or (sequences, capacity).
+  [[nodiscard]] std::int32_t outer_extent(std::int32_t batch) const { return Paged ? num_pages : batch; }
+  [[nodiscard]] std::int32_t token_extent() const { return Paged ? page_size : capacity; }
   // Empty sequences; paged, the pool shuffled (page ids out of order).
   void start(std::int32_t batch, generator& gen) {
     const auto nb = static_cast<std::size_t>(batch);
@@ -517,6 +533,51 @@ std::vector<std::int32_t> rolled_back(std::vector<std::int32_t> lengths, std::in
   len = std::max(0, len - k);
   FUZZ_TRACE("  rollback position %d to %d\n", b, len);
   return lengths;
+}
+
+// The row each position uses under a call's state_rows (`span`; {}: row b)
+// and whether the library accepts the mapping: one entry per position,
+// each -1 or a row of the state, rows distinct.
+bool resolve_rows(sh::host_span<const std::int32_t> span, std::int32_t batch, std::int32_t rows,
+                  std::vector<std::int32_t>& used) {
+  used.assign(static_cast<std::size_t>(batch), -1);
+  if (span.data() == nullptr) {
+    for (std::int32_t b = 0; b < batch; ++b) used[static_cast<std::size_t>(b)] = b;
+    return rows >= batch;
+  }
+  bool ok = span.size() == static_cast<std::size_t>(batch);
+  std::vector<char> seen(static_cast<std::size_t>(rows), 0);
+  for (std::size_t b = 0; b < std::min(span.size(), static_cast<std::size_t>(batch)); ++b) {
+    const std::int32_t r = span[b];
+    if (r < -1 || r >= rows) {
+      ok = false;
+      continue;
+    }
+    if (r >= 0 && std::exchange(seen[static_cast<std::size_t>(r)], 1) != 0) ok = false;
+    used[b] = r;
+  }
+  return ok;
+}
+
+// What every cache entry point checks of position b's row from the data
+// (validate_common): a padding slot (r < 0) empty; the length within the
+// state's capacity, 0 <= tracked <= length, positions left, steps in
+// range, the status word zero when a mapping is passed. True: refused.
+bool row_refuses(const sh::eviction_state<memory_space::host>& s, std::int32_t r, std::int32_t len,
+                 std::int32_t capacity, bool mapped) {
+  if (r < 0) return len != 0;
+  if (len > capacity) return true;
+  const std::int32_t tracked = s.tracked[r];
+  if (tracked < 0 || tracked > len) return true;
+  const std::int32_t next = s.next_position[r];
+  if (next < 0 || std::int64_t{next} + (len - tracked) > INT32_MAX) return true;
+  if (s.step[r] < 0 || s.step[r] > (std::int64_t{1} << 62)) return true;
+  return mapped && s.status[r] != 0;
+}
+
+// Whether reset_state left every byte of the state zero.
+bool all_zero(const aligned_buffer& state) {
+  return std::all_of(state.data, state.data + state.size, [](std::byte x) { return x == std::byte{0}; });
 }
 
 // ---------------------------------------------------------------------------
