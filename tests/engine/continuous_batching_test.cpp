@@ -275,26 +275,7 @@ class engine {
         continue;
       }
       auto& q = active_[static_cast<std::size_t>(order_[static_cast<std::size_t>(b)])];
-      if (q.last_batch_position >= 0 && q.last_batch_position != b) ++stats_.moved_in_batch;
-      q.last_batch_position = b;
-      q.base = q.next_position;
-      if (q.prompt_left > 0) {
-        q.n_new = std::min(q.prompt_left, rng_.uniform(1, cfg_.chunk));
-        q.prompt_left -= q.n_new;
-        // Now and then a chunk is only admitted (no query: e.g. copied from a prefix cache).
-        q.q_len = rng_.chance(0.1) ? 0 : q.n_new;
-        if (q.q_len == 0)
-          ++stats_.admit_only;
-        else
-          ++stats_.prefill_chunks;
-      } else if (q.decode_left > 0 && !rng_.chance(0.12)) {
-        q.n_new = q.q_len = 1;
-        --q.decode_left;
-        ++stats_.decode_tokens;
-      } else {
-        q.n_new = q.q_len = 0;  // idle this step: in the batch, nothing to do
-        ++stats_.idle;
-      }
+      plan_step(q, b, cfg_.chunk, rng_, stats_);
       const std::int32_t need = (q.length + q.n_new + ps_ - 1) / ps_;
       while (static_cast<std::int32_t>(q.pages.size()) < need) {
         REQUIRE(!free_pages_.empty());

@@ -162,6 +162,36 @@ inline std::size_t shrink_table(std::vector<std::int32_t>& indptr, std::vector<s
                                                cspan(new_lengths, n), mspan(released));
 }
 
+// A request takes batch position b this step (counted as moved when it sat
+// elsewhere last step); its new tokens start at its next position.
+template <class Request, class Stats>
+void seat(Request& q, std::int32_t b, Stats& stats) {
+  if (q.last_batch_position >= 0 && q.last_batch_position != b) ++stats.moved_in_batch;
+  q.last_batch_position = b;
+  q.base = q.next_position;
+}
+
+// seat(), then what the request does: a prefill chunk of up to `chunk`
+// tokens (now and then only admitted, without queries, as a prefix cache
+// copy is), a decode token, or nothing (idle in the batch).
+template <class Request, class Stats>
+void plan_step(Request& q, std::int32_t b, std::int32_t chunk, rng& r, Stats& stats) {
+  seat(q, b, stats);
+  if (q.prompt_left > 0) {
+    q.n_new = std::min(q.prompt_left, r.uniform(1, chunk));
+    q.prompt_left -= q.n_new;
+    q.q_len = r.chance(0.1) ? 0 : q.n_new;
+    ++(q.q_len == 0 ? stats.admit_only : stats.prefill_chunks);
+  } else if (q.decode_left > 0 && !r.chance(0.12)) {
+    q.n_new = q.q_len = 1;
+    --q.decode_left;
+    ++stats.decode_tokens;
+  } else {
+    q.n_new = q.q_len = 0;
+    ++stats.idle;
+  }
+}
+
 // A pool's contents before any token is written: per (tag, layer, element),
 // an integer of `base` and up, so never a token's value (those are below 4).
 inline std::vector<float> background(std::size_t elements, float base, std::int64_t tag, std::int32_t layer) {

@@ -1130,33 +1130,21 @@ class token_driver {
         continue;
       }
       request& q = *b_of_[static_cast<std::size_t>(b)];
-      if (q.last_batch_position >= 0 && q.last_batch_position != b) ++stats_.moved_in_batch;
-      q.last_batch_position = b;
-      q.base = q.next_position;
       q.attached_now = 0;
-      if (q.attached > 0) {
-        // First step after a prefix hit: the mapped prefix is admitted (no
-        // queries), the rest of the first chunk is computed.
-        const std::int32_t x = std::min(q.prompt_left, rng_.uniform(0, cfg_.chunk));
-        q.prompt_left -= x;
-        q.attached_now = q.attached;
-        q.n_new = q.attached + x;
-        q.q_len = x;
-        q.attached = 0;
-        ++(x > 0 ? stats_.prefill_chunks : stats_.admit_only);
-      } else if (q.prompt_left > 0) {
-        q.n_new = std::min(q.prompt_left, rng_.uniform(1, cfg_.chunk));
-        q.prompt_left -= q.n_new;
-        q.q_len = rng_.chance(0.1) ? 0 : q.n_new;  // now and then admitted without queries
-        ++(q.q_len == 0 ? stats_.admit_only : stats_.prefill_chunks);
-      } else if (q.decode_left > 0 && !rng_.chance(0.12)) {
-        q.n_new = q.q_len = 1;
-        --q.decode_left;
-        ++stats_.decode_tokens;
-      } else {
-        q.n_new = q.q_len = 0;
-        ++stats_.idle;
+      if (q.attached == 0) {
+        plan_step(q, b, cfg_.chunk, rng_, stats_);
+        continue;
       }
+      // First step after a prefix hit: the mapped prefix is admitted (no
+      // queries), the rest of the first chunk is computed.
+      seat(q, b, stats_);
+      const std::int32_t x = std::min(q.prompt_left, rng_.uniform(0, cfg_.chunk));
+      q.prompt_left -= x;
+      q.attached_now = q.attached;
+      q.n_new = q.attached + x;
+      q.q_len = x;
+      q.attached = 0;
+      ++(x > 0 ? stats_.prefill_chunks : stats_.admit_only);
     }
   }
 
