@@ -314,19 +314,17 @@ class quant_case {
     admitted_.assign(static_cast<std::size_t>(batch_), 0);
     next_id_.assign(static_cast<std::size_t>(batch_), 0);
     FUZZ_TRACE("quantized setup: %s group %d head_dim %d (rows of %d code bytes, %d parameters) batch %d heads %d "
-               "%s %d; strides codes K (%lld %lld %lld) V (%lld %lld %lld) params K (%lld %lld %lld) V (%lld %lld "
-               "%lld); layout bad %d unknown %d; settings valid %d (m %d recent %d sinks %d %s); state capacity %d "
-               "rows %d mapping %d\n",
+               "%s %d; strides",
                sh::name_of(q_.kind), q_.group_size, head_dim_, code_bytes_, params_row_, batch_, heads_,
-               Paged ? "paged, pages of" : "contiguous, capacity", Paged ? table_.page_size : table_.capacity,
-               static_cast<long long>(lay_[0].outer), static_cast<long long>(lay_[0].head),
-               static_cast<long long>(lay_[0].token), static_cast<long long>(lay_[1].outer),
-               static_cast<long long>(lay_[1].head), static_cast<long long>(lay_[1].token),
-               static_cast<long long>(lay_[2].outer), static_cast<long long>(lay_[2].head),
-               static_cast<long long>(lay_[2].token), static_cast<long long>(lay_[3].outer),
-               static_cast<long long>(lay_[3].head), static_cast<long long>(lay_[3].token), layout_bad_,
-               int(std::count(layout_, layout_ + 4, layout_kind::unique)), int(clean_settings_), policy_.config.evict_count, policy_.config.recent,
-               policy_.config.sinks,
+               Paged ? "paged, pages of" : "contiguous, capacity", Paged ? table_.page_size : table_.capacity);
+    constexpr const char* strides_of[4] = {" codes K", " V", " params K", " V"};
+    for (int i = 0; i < 4; ++i)
+      FUZZ_TRACE("%s (%lld %lld %lld)", strides_of[i], static_cast<long long>(lay_[i].outer),
+                 static_cast<long long>(lay_[i].head), static_cast<long long>(lay_[i].token));
+    FUZZ_TRACE("; layout bad %d unknown %d; settings valid %d (m %d recent %d sinks %d %s); state capacity %d rows %d "
+               "mapping %d\n",
+               layout_bad_, int(std::count(layout_, layout_ + 4, layout_kind::unique)), int(clean_settings_),
+               policy_.config.evict_count, policy_.config.recent, policy_.config.sinks,
                policy_.config.compaction_mode == sh::compaction::preserve_order ? "preserve_order" : "fill_holes",
                shape_.capacity, shape_.rows, int(mapping));
     append_all(true);
@@ -701,19 +699,12 @@ class quant_case {
     snapshot s;
     s.k_codes = codes_[K];
     s.v_codes = codes_[V];
-    s.k_params = bytes_of(params_[K].data(), params_[K].size());
-    s.v_params = bytes_of(params_[V].data(), params_[V].size());
+    s.k_params = bytes_of_all(params_[K]);
+    s.v_params = bytes_of_all(params_[V]);
     s.table = table_.bytes();
     s.state = bytes_of(sbuf_[0].data, sbuf_[0].size);
-    s.out = bytes_of(out_store_.data(), out_store_.size());
-    for (const auto* f : {&qdata_, &lse_}) {
-      const auto b = bytes_of(f->data(), f->size());
-      s.reads.insert(s.reads.end(), b.begin(), b.end());
-    }
-    for (const auto* i : {&qo_, &row_store_}) {
-      const auto b = bytes_of(i->data(), i->size());
-      s.reads.insert(s.reads.end(), b.begin(), b.end());
-    }
+    s.out = bytes_of_all(out_store_);
+    s.reads = bytes_of_all(qdata_, lse_, qo_, row_store_);
     return s;
   }
 

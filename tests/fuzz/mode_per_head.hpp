@@ -449,15 +449,12 @@ class fuzz_case {
 
   [[nodiscard]] snapshot take() const {
     snapshot s;
-    s.k = bytes_of(cache_.k.data(), cache_.k.size());
-    s.v = bytes_of(cache_.v.data(), cache_.v.size());
+    s.k = bytes_of_all(cache_.k);
+    s.v = bytes_of_all(cache_.v);
     s.table = cache_.bytes();
     s.state = bytes_of(state_buffer_.data, state_buffer_.size);
-    for (const auto* scratch : {&scratch_i_, &scratch_len_, &qo_store_, &rc_.storage, &rows_}) {
-      const auto b = bytes_of(scratch->data(), scratch->size());
-      s.scratch.insert(s.scratch.end(), b.begin(), b.end());
-    }
-    s.out = bytes_of(out_store_.data(), out_store_.size());
+    s.scratch = bytes_of_all(scratch_i_, scratch_len_, qo_store_, rc_.storage, rows_);
+    s.out = bytes_of_all(out_store_);
     return s;
   }
 
@@ -484,9 +481,7 @@ class fuzz_case {
 
   // ---- state accessors (layout from docs/design.md) -------------------------
   [[nodiscard]] std::size_t slot(std::int32_t r, std::int32_t h, std::int32_t t) const {
-    return (static_cast<std::size_t>(r) * static_cast<std::size_t>(state_shape_.kv_heads) + static_cast<std::size_t>(h)) *
-               static_cast<std::size_t>(state_shape_.capacity) +
-           static_cast<std::size_t>(t);
+    return state_slot(state_shape_, r, h, t);
   }
   [[nodiscard]] std::size_t byte_offset(const void* p) const {
     return static_cast<std::size_t>(static_cast<const std::byte*>(p) - state_buffer_.data);
@@ -1530,14 +1525,7 @@ class fuzz_case {
     }
     const bool valid = shrink_valid(t);
     FUZZ_TRACE("  shrink_page_table alone: batch %d page_size %d valid %d\n", batch, page_size, int(valid));
-    const auto bytes = [&] {
-      std::vector<std::uint8_t> out;
-      for (const auto* a : {&indptr, &last, &lengths, &indices, &released}) {
-        const auto x = bytes_of(a->data(), a->size());
-        out.insert(out.end(), x.begin(), x.end());
-      }
-      return out;
-    };
+    const auto bytes = [&] { return bytes_of_all(indptr, last, lengths, indices, released); };
     const std::vector<std::uint8_t> before = bytes();
     if (valid) {
       (void)shrink_and_check(t);

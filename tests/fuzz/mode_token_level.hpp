@@ -312,17 +312,14 @@ class layers_case {
   [[nodiscard]] snapshot take() const {
     snapshot s;
     for (const layer_kv& kv : kv_) {
-      s.k.push_back(bytes_of(kv.k.data(), kv.k.size()));
-      s.v.push_back(bytes_of(kv.v.data(), kv.v.size()));
+      s.k.push_back(bytes_of_all(kv.k));
+      s.v.push_back(bytes_of_all(kv.v));
     }
     s.table = table_.bytes();
     s.state = bytes_of(state_buffer_.data, state_buffer_.size);
-    s.sel = bytes_of(sel_store_.data(), sel_store_.size());
-    s.probe = bytes_of(probe_store_.data(), probe_store_.size());
-    for (const auto* a : {&rows_store_, &pinned_store_, &scratch_, &rows_}) {
-      const auto b = bytes_of(a->data(), a->size());
-      s.other.insert(s.other.end(), b.begin(), b.end());
-    }
+    s.sel = bytes_of_all(sel_store_);
+    s.probe = bytes_of_all(probe_store_);
+    s.other = bytes_of_all(rows_store_, pinned_store_, scratch_, rows_);
     return s;
   }
   // Puts back what an accepted probe wrote (the arrays have their sizes).
@@ -345,9 +342,7 @@ class layers_case {
   // ---- state accessors (layout from docs/design.md) ---------------------------
   [[nodiscard]] state_type layer(std::int32_t l) const { return model_.layer(l); }
   [[nodiscard]] std::size_t slot(std::int32_t r, std::int32_t h, std::int32_t t) const {
-    return (static_cast<std::size_t>(r) * static_cast<std::size_t>(sshape_.kv_heads) + static_cast<std::size_t>(h)) *
-               static_cast<std::size_t>(sshape_.capacity) +
-           static_cast<std::size_t>(t);
+    return state_slot(sshape_, r, h, t);
   }
   [[nodiscard]] std::size_t byte_offset(const void* p) const {
     return static_cast<std::size_t>(static_cast<const std::byte*>(p) - state_buffer_.data);

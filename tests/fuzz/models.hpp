@@ -50,6 +50,25 @@ std::vector<std::uint8_t> bytes_of(const T* p, std::size_t n) {
   return out;
 }
 
+// The bytes of several arrays, one after another (for snapshots).
+template <class... Arrays>
+std::vector<std::uint8_t> bytes_of_all(const Arrays&... arrays) {
+  std::vector<std::uint8_t> out;
+  const auto add = [&out](const auto& a) {
+    const auto x = bytes_of(a.data(), a.size());
+    out.insert(out.end(), x.begin(), x.end());
+  };
+  (add(arrays), ...);
+  return out;
+}
+
+// Slot (r, h, t) of a state's per-slot arrays (layout from docs/design.md).
+std::size_t state_slot(const sh::state_shape& s, std::int32_t r, std::int32_t h, std::int32_t t) {
+  return (static_cast<std::size_t>(r) * static_cast<std::size_t>(s.kv_heads) + static_cast<std::size_t>(h)) *
+             static_cast<std::size_t>(s.capacity) +
+         static_cast<std::size_t>(t);
+}
+
 struct common_shape {
   std::int32_t batch = 1;
   std::int32_t kv_heads = 1;
@@ -172,14 +191,7 @@ struct seq_table {
     }
   }
   // Every byte of the table, for snapshots.
-  [[nodiscard]] std::vector<std::uint8_t> bytes() const {
-    std::vector<std::uint8_t> out;
-    for (const auto* a : {&lengths, &indptr, &indices, &last_page_len}) {
-      const auto x = bytes_of(a->data(), a->size());
-      out.insert(out.end(), x.begin(), x.end());
-    }
-    return out;
-  }
+  [[nodiscard]] std::vector<std::uint8_t> bytes() const { return bytes_of_all(lengths, indptr, indices, last_page_len); }
   // Puts back bytes() (the arrays have their sizes).
   void restore(const std::vector<std::uint8_t>& from) {
     FUZZ_CHECK(from.size() == bytes().size(), "restore: the table changed size");
