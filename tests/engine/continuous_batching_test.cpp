@@ -406,18 +406,8 @@ class engine {
   void model_observe(std::int32_t l) {
     for (std::int32_t b = 0; b < batch_; ++b)
       if (request* q = at(b))
-        rules_.replay(q->heads, {.layer = l,
-                                 .kv_heads = kv_heads,
-                                 .group = group,
-                                 .base = q->base,
-                                 .n_new = q->n_new,
-                                 .q_len = q->q_len,
-                                 .length = q->length + q->n_new,
-                                 .first_step = q->step,
-                                 .first_token = qo_[static_cast<std::size_t>(b)],
-                                 .columns = columns_,
-                                 .probs = probs_.data(),
-                                 .probs_d = probs_d_.data()});
+        rules_.replay(*q, l, q->length + q->n_new, qo_[static_cast<std::size_t>(b)],
+                      {kv_heads, group, columns_, probs_.data(), probs_d_.data()});
   }
 
   // After this layer's compress: which tokens the library evicted (read from
@@ -474,18 +464,9 @@ class engine {
           // The model's own choice: full sort on (eviction score, position).
           const auto want =
               token_reference<Policy>{rules_, cfg_.layers, kv_heads}.per_head_victims(q->heads, l, h, next, evict);
-          if (want != gone) {
-            std::ostringstream e;
-            e << where.str() << "evicted positions {";
-            for (std::int32_t s = 0; s < len; ++s)
-              if (gone[static_cast<std::size_t>(s)]) e << slots[static_cast<std::size_t>(s)].position << " ";
-            e << "}, the model evicts {";
-            for (std::int32_t s = 0; s < len; ++s)
-              if (s < static_cast<std::int32_t>(want.size()) && want[static_cast<std::size_t>(s)])
-                e << slots[static_cast<std::size_t>(s)].position << " ";
-            e << "}";
-            errors.push_back(e.str());
-          }
+          if (want != gone)
+            errors.push_back(where.str() + "evicted positions " + positions_text(slots, gone) + ", the model evicts " +
+                             positions_text(slots, want));
         } else {
           // No evicted token may have scored clearly above a kept candidate.
           for (std::int32_t x = 0; x < len; ++x) {
@@ -627,9 +608,8 @@ class engine {
 
   template <class Call>
   void expect_refused(const char* label, const std::string& function, const std::string& argument, Call call) {
-    INFO("refused call: " << label);
-    check_refused([&] { return snapshot(); }, function, argument, call);
-    ++stats_.refused;
+    check_refused_call(
+        label, [&] { return snapshot(); }, function, argument, call, stats_.refused);
   }
 
   // Batch positions of sequences holding tokens.
@@ -638,6 +618,12 @@ class engine {
     for (std::int32_t b = 0; b < batch_; ++b)
       if (request* q = at(b); q != nullptr && q->length + q->n_new > 0) out.push_back(b);
     return out;
+  }
+
+  // Whether a sequence at one of `positions` holds more than one token (a
+  // one-slot state is too small for it).
+  bool longer_than_one(const std::vector<std::int32_t>& positions) {
+    return std::ranges::any_of(positions, [&](std::int32_t b) { return at(b)->length + at(b)->n_new > 1; });
   }
 
   void refused_observe_calls(std::int32_t l) {
@@ -666,9 +652,7 @@ class engine {
       expect_refused("row -1 for a sequence with tokens", fn, "state.state_rows",
                      [&] { observe(v, with_rows(pad), qo_span()); });
       // A state too small for the longest sequence (one slot; every length here is above 1 somewhere).
-      bool longer = false;
-      for (std::int32_t b : full) longer = longer || at(b)->length + at(b)->n_new > 1;
-      if (longer)
+      if (longer_than_one(full))
         expect_refused("length above the state's capacity", fn, "state.shape.capacity",
                        [&] { observe(v, small_state_.for_batch(cspan(rows_, rows.size())), qo_span()); });
     }
@@ -725,9 +709,7 @@ class engine {
     const std::int32_t protect = cfg_.settings.recent + cfg_.settings.sinks;
     expect_refused("compress: budget not above the protected tokens", fn, "budget",
                    [&] { call(st, protect, ws, good); });
-    bool longer = false;
-    for (std::int32_t b : full) longer = longer || at(b)->length + at(b)->n_new > 1;
-    if (longer)
+    if (longer_than_one(full))
       expect_refused("compress: length above the state's capacity", fn, "state.shape.capacity",
                      [&] { call(small_state_.for_batch(cspan(rows_, n)), cfg_.budget, ws, good); });
   }

@@ -254,6 +254,16 @@ inline void check_counters(const std::string& title, std::initializer_list<run_c
     }
 }
 
+// An engine loop's refused call: check_refused against its snapshot,
+// described by `label` in a failure, counted in `refused`.
+template <class Snapshot, class Call>
+void check_refused_call(const char* label, const Snapshot& snapshot, const std::string& function,
+                        const std::string& argument, Call&& call, std::int64_t& refused) {
+  INFO("refused call: " << label);
+  check_refused(snapshot, function, argument, call);
+  ++refused;
+}
+
 // A slot's K and V rows hold exactly what the token at `position` was
 // written with (value(kind, d) gives element d); else the error names the
 // token the V row does hold.

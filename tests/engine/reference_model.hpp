@@ -117,43 +117,43 @@ struct model_rules {
     }
   }
 
-  // One request's step on one layer, replayed: its new tokens join every
-  // head of the layer, then each of its queries adds, to every slot it sees,
-  // the probabilities of its GQA group combined.
-  struct step {
-    std::int32_t layer, kv_heads, group;  // heads[layer * kv_heads + h]; query heads per KV head
-    std::int32_t base, n_new, q_len;      // n_new tokens from position base; the last q_len have queries
-    std::int32_t length;                  // slots after the new tokens
-    std::int64_t first_step;              // the first query's step
-    std::int32_t first_token, columns;    // the probabilities: [token][q_head][columns]
-    const float* probs;                   // the fp32 values the library was given
-    const double* probs_d = nullptr;      // the test's doubles (nullptr: the fp32 values)
+  // The probabilities a step's queries were given, [token][q_head][columns]:
+  // fp32 as the library got them, and the test's doubles where it has them.
+  struct step_probs {
+    std::int32_t kv_heads, group, columns;  // group: query heads per KV head
+    const float* probs;
+    const double* probs_d = nullptr;  // nullptr: the fp32 values
   };
-  void replay(std::vector<std::vector<model_token>>& heads, const step& r) const {
-    for (std::int32_t h = 0; h < r.kv_heads; ++h)
-      for (std::int32_t i = 0; i < r.n_new; ++i) {
+  // Request q's step on layer l, replayed: its n_new tokens (from position
+  // q.base) join every head of the layer (q.heads[l * kv_heads + h]), then
+  // each of its q_len queries (probability rows first_token..) adds, to every
+  // slot it sees, the probabilities of its GQA group combined. `length`: the
+  // layer's slots after the new tokens.
+  template <class Request>
+  void replay(Request& q, std::int32_t l, std::int32_t length, std::int32_t first_token, const step_probs& p) const {
+    auto& heads = q.heads;
+    for (std::int32_t h = 0; h < p.kv_heads; ++h)
+      for (std::int32_t i = 0; i < q.n_new; ++i) {
         model_token t;
-        t.position = r.base + i;
-        heads[static_cast<std::size_t>(r.layer * r.kv_heads + h)].push_back(std::move(t));
+        t.position = q.base + i;
+        heads[static_cast<std::size_t>(l * p.kv_heads + h)].push_back(std::move(t));
       }
     if (!attention) return;
-    std::vector<float> pe(static_cast<std::size_t>(r.group));
-    std::vector<double> pd(static_cast<std::size_t>(r.group));
-    for (std::int32_t h = 0; h < r.kv_heads; ++h) {
-      auto& slots = heads[static_cast<std::size_t>(r.layer * r.kv_heads + h)];
-      for (std::int32_t j = 0; j < r.q_len; ++j) {
-        const auto token = static_cast<std::size_t>(r.first_token + j);
-        const std::int32_t visible = r.length - r.q_len + j + 1;
+    std::vector<float> pe(static_cast<std::size_t>(p.group));
+    std::vector<double> pd(static_cast<std::size_t>(p.group));
+    for (std::int32_t h = 0; h < p.kv_heads; ++h) {
+      auto& slots = heads[static_cast<std::size_t>(l * p.kv_heads + h)];
+      for (std::int32_t j = 0; j < q.q_len; ++j) {
+        // Where query j's rows of the group start; query head g's is g rows on.
+        const std::int64_t first = (std::int64_t{first_token + j} * p.kv_heads * p.group + h * p.group) * p.columns;
+        const std::int32_t visible = length - q.q_len + j + 1;
         for (std::int32_t s = 0; s < visible; ++s) {
-          for (std::int32_t g = 0; g < r.group; ++g) {
-            const std::size_t at =
-                (token * static_cast<std::size_t>(r.kv_heads * r.group) + static_cast<std::size_t>(h * r.group + g)) *
-                    static_cast<std::size_t>(r.columns) +
-                static_cast<std::size_t>(s);
-            pe[static_cast<std::size_t>(g)] = r.probs[at];
-            pd[static_cast<std::size_t>(g)] = r.probs_d != nullptr ? r.probs_d[at] : r.probs[at];
+          for (std::int32_t g = 0; g < p.group; ++g) {
+            const auto at = static_cast<std::size_t>(first + std::int64_t{g} * p.columns + s);
+            pe[static_cast<std::size_t>(g)] = p.probs[at];
+            pd[static_cast<std::size_t>(g)] = p.probs_d != nullptr ? p.probs_d[at] : p.probs[at];
           }
-          update(slots[static_cast<std::size_t>(s)], r.first_step + j, combine(pe.data(), pd.data(), r.group, visible));
+          update(slots[static_cast<std::size_t>(s)], q.step + j, combine(pe.data(), pd.data(), p.group, visible));
         }
       }
     }
@@ -221,6 +221,14 @@ std::vector<T> after_eviction(std::vector<T> slots, const std::vector<char>& gon
     out.push_back(std::move(slots[static_cast<std::size_t>(from)]));
   }
   return out;
+}
+
+// The positions of the flagged slots, for messages: "{ 3 7 12 }".
+inline std::string positions_text(const std::vector<model_token>& slots, const std::vector<char>& flags) {
+  std::string o = "{";
+  for (std::size_t t = 0; t < flags.size() && t < slots.size(); ++t)
+    if (flags[t]) o += " " + std::to_string(slots[t].position);
+  return o + " }";
 }
 
 // Slot t of one head (the model's `slots`) against the library's state at

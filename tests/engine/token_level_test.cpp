@@ -1247,29 +1247,11 @@ class token_driver {
   void model_observe(std::int32_t l) {
     for (std::int32_t b = 0; b < batch_; ++b)
       if (request* q = b_of_[static_cast<std::size_t>(b)])
-        rules_.replay(q->heads, {.layer = l,
-                                 .kv_heads = H_,
-                                 .group = G_,
-                                 .base = q->base,
-                                 .n_new = q->n_new,
-                                 .q_len = q->q_len,
-                                 .length = q->length[static_cast<std::size_t>(l)] + q->n_new,
-                                 .first_step = q->step,
-                                 .first_token = qo_[static_cast<std::size_t>(b)],
-                                 .columns = columns_,
-                                 .probs = probs_.data()});
+        rules_.replay(*q, l, q->length[static_cast<std::size_t>(l)] + q->n_new, qo_[static_cast<std::size_t>(b)],
+                      {H_, G_, columns_, probs_.data()});
   }
 
   // ---- shared_layers: select, then the engine's flow -------------------------
-
-  std::string positions_text(const request& q, const std::vector<char>& flags) const {
-    std::ostringstream o;
-    o << "{";
-    for (std::size_t t = 0; t < flags.size(); ++t)
-      if (flags[t]) o << " " << q.heads[0][t].position;
-    o << " }";
-    return o.str();
-  }
 
   // The selection against the reference; false when it cannot be applied.
   bool check_selection() {
@@ -1330,8 +1312,8 @@ class token_driver {
         errors_.push_back(where.str() + "the reference finds fewer than " + std::to_string(want) + " eligible tokens");
       } else if (gone != got) {
         std::ostringstream e;
-        e << where.str() << "evicts positions " << positions_text(q, got) << ", the reference "
-          << positions_text(q, gone) << "; combined scores:";
+        e << where.str() << "evicts positions " << positions_text(q.heads[0], got) << ", the reference "
+          << positions_text(q.heads[0], gone) << "; combined scores:";
         for (std::int32_t t = 0; t < len; ++t)
           if (got[static_cast<std::size_t>(t)] != gone[static_cast<std::size_t>(t)])
             e << " pos " << q.heads[0][static_cast<std::size_t>(t)].position << " = "
@@ -1520,9 +1502,8 @@ class token_driver {
   // caller-owned byte (K/V, state, tables, outputs) as it was.
   template <class Call>
   void expect_refused(const char* label, const std::string& function, const std::string& argument, Call call) {
-    INFO("refused call: " << label);
-    check_refused([&] { return snapshot(); }, function, argument, call);
-    ++stats_.refused;
+    check_refused_call(
+        label, [&] { return snapshot(); }, function, argument, call, stats_.refused);
   }
 
   void refused_select_calls() {
