@@ -744,6 +744,16 @@ class quant_case {
                std::string(fn) + " changed the lengths, the page table or an argument it only reads");
   }
 
+  // The float twin through the same call: it must accept.
+  template <class Call>
+  static void twin(const char* fn, Call&& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      fail(__FILE__, __LINE__, std::string("the float twin's ") + fn + " refused: " + e.what());
+    }
+  }
+
   void check_states(const char* fn) const {
     FUZZ_CHECK(std::memcmp(sbuf_[0].data, sbuf_[1].data, sbuf_[0].size) == 0,
                std::string(fn) + ": the quantized cache's state differs from its float twin's");
@@ -864,11 +874,7 @@ class quant_case {
     if (!accepted) return true;
     if (!vd.model) return false;  // the call saw another cache: the twin cannot follow
     check_reads(before, fn, true);
-    try {
-      sh::host::observe_queries(policy_, make_fview(), call_state(1), qv, lse, scale);
-    } catch (const std::exception& e) {
-      fail(__FILE__, __LINE__, std::string("the float twin's observe_queries refused: ") + e.what());
-    }
+    twin("observe_queries", [&] { sh::host::observe_queries(policy_, make_fview(), call_state(1), qv, lse, scale); });
     after_observe(fn);
     return true;
   }
@@ -888,11 +894,7 @@ class quant_case {
     if (!guarded("host::admit", vd, [&] { sh::host::admit(policy_, v, call_state(0)); })) return true;
     if (!vd.model) return false;
     check_reads(before, "host::admit", true);
-    try {
-      sh::host::admit(policy_, make_fview(), call_state(1));
-    } catch (const std::exception& e) {
-      fail(__FILE__, __LINE__, std::string("the float twin's admit refused: ") + e.what());
-    }
+    twin("admit", [&] { sh::host::admit(policy_, make_fview(), call_state(1)); });
     after_observe("host::admit");
     return true;
   }
@@ -971,14 +973,12 @@ class quant_case {
     const fview fv = make_fview();
     std::vector<std::int32_t> twin_new(n, -7), twin_freed(n, -7);
     std::vector<std::uint64_t> twin_ws(sh::host::compress_workspace_bytes(fv, shape_) / 8 + 1);
-    try {
+    twin("compress", [&] {
       sh::host::compress(policy_, fv, call_state(1), budget,
                          {reinterpret_cast<std::byte*>(twin_ws.data()), twin_ws.size() * 8},
                          {{twin_new.data(), n},
                           freed.empty() ? sh::host_span<std::int32_t>{} : sh::host_span<std::int32_t>(twin_freed.data(), n)});
-    } catch (const std::exception& e) {
-      fail(__FILE__, __LINE__, std::string("the float twin's compress refused: ") + e.what());
-    }
+    });
     check_states(fn);
     // Outputs: the twin's, and the documented lengths; nothing else of the store written.
     std::vector<std::int32_t> want_store(3 * n + 4, -7);

@@ -468,17 +468,6 @@ class fuzz_case {
     return ok;
   }
 
-  template <class Call>
-  void expect_refusal(Call&& call, const char* fn, const char* argument) {
-    try {
-      call();
-    } catch (const sh::invalid_argument& e) {
-      FUZZ_CHECK(e.function() == fn && e.argument() == argument, std::string("unexpected refusal: ") + e.what());
-      return;
-    }
-    fail(__FILE__, __LINE__, std::string(fn) + " accepted a bad '" + argument + "'");
-  }
-
   // ---- state accessors (layout from docs/design.md) -------------------------
   [[nodiscard]] std::size_t slot(std::int32_t r, std::int32_t h, std::int32_t t) const {
     return state_slot(state_shape_, r, h, t);

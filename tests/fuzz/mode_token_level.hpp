@@ -211,14 +211,7 @@ class layers_case {
     // (A null or misaligned buffer is caught by make_state inside it, and
     // the error names make_state.)
     const auto refused = [&](auto&& call, const char* argument) {
-      try {
-        call();
-      } catch (const sh::invalid_argument& e) {
-        const bool named = e.function() == "make_model_state" || e.function() == "make_state";
-        FUZZ_CHECK(named && e.argument() == argument, std::string("make_model_state: unexpected refusal: ") + e.what());
-        return;
-      }
-      fail(__FILE__, __LINE__, std::string("make_model_state accepted a bad '") + argument + "'");
+      expect_refusal(call, "make_model_state", argument, "make_state");
     };
     refused([&] { (void)sh::make_model_state(sh::host_span<std::byte>(state_buffer_.data, bytes), ss, 0); }, "layers");
     refused([&] { (void)sh::make_model_state(sh::host_span<std::byte>(state_buffer_.data, bytes - 1), ss, layers_); },

@@ -433,6 +433,20 @@ void apply_page_lengths(std::vector<std::int32_t>& indptr, std::vector<std::int3
   free_pages.insert(free_pages.end(), gone.begin(), gone.end());
 }
 
+// Runs `call`, which must be refused by `fn` (or by `inner`, a function
+// it calls that checks first) naming `argument`.
+template <class Call>
+void expect_refusal(Call&& call, const char* fn, const char* argument, const char* inner = "") {
+  try {
+    call();
+  } catch (const sh::invalid_argument& e) {
+    FUZZ_CHECK((e.function() == fn || e.function() == inner) && e.argument() == argument,
+               std::string(fn) + ": unexpected refusal: " + e.what());
+    return;
+  }
+  fail(__FILE__, __LINE__, std::string(fn) + " accepted a bad '" + argument + "'");
+}
+
 // What the harness knows about a call before making it.
 enum class expect { ok, unknown, refuse };
 
