@@ -222,9 +222,6 @@ class engine {
     const std::int32_t page = q.pages[static_cast<std::size_t>(slot / ps_)];
     return pools_[kind][static_cast<std::size_t>(l)].data() + row_offset(page, h, slot % ps_);
   }
-  std::int64_t state_index(std::int32_t r, std::int32_t h, std::int32_t t) const {
-    return (std::int64_t{r} * kv_heads + h) * state_capacity_ + t;  // the documented [rows][heads][capacity]
-  }
 
   void join() {
     request q;
@@ -563,37 +560,15 @@ class engine {
     }
     check_pages("", num_pages_, held, free_pages_, errors);
 
-    for (auto& q : active_) {
-      for (std::int32_t l = 0; l < cfg_.layers; ++l) {
-        const state_t& st = states_[static_cast<std::size_t>(l)];
-        const auto r = static_cast<std::size_t>(q.row);
-        std::ostringstream where;
-        where << "layer " << l << ", request " << q.id << " (row " << q.row << "): ";
-        if (st.tracked[r] != q.length) errors.push_back(where.str() + "tracked != length");
-        if (st.next_position[r] != q.next_position) errors.push_back(where.str() + "next_position differs");
-        if (st.step[r] != q.step) errors.push_back(where.str() + "step differs");
-        if (st.status[r] != 0) errors.push_back(where.str() + "status word not zero");
-        for (std::int32_t h = 0; h < kv_heads; ++h) {
-          const auto& slots = q.heads[static_cast<std::size_t>(l * kv_heads + h)];
-          if (static_cast<std::int32_t>(slots.size()) != q.length) {
-            errors.push_back(where.str() + "model holds another number of tokens");
-            continue;
-          }
-          std::set<std::int32_t> seen;
-          for (std::int32_t s = 0; s < q.length; ++s) {
-            const auto& tok = slots[static_cast<std::size_t>(s)];
-            check_kv_rows(
-                row(0, l, q, h, s), row(1, l, q, h, s), d_, tok.position,
-                [&](int kind, std::int32_t x) { return token_value(kind, q.id, l, h, tok.position, x); },
-                where.str() + "head " + std::to_string(h) + " slot " + std::to_string(s) + ": ", errors);
-            check_slot(rules_, st, state_index(q.row, h, s), slots, s,
-                       cfg_.settings.compaction_mode == sh::compaction::preserve_order, exact(), seen, where.str(),
-                       errors);
-          }
-          check_protected(seen, q.start, q.next_position, cfg_.settings, where.str(), errors);
-        }
-      }
-    }
+    const bool ordered = cfg_.settings.compaction_mode == sh::compaction::preserve_order;
+    for (auto& q : active_)
+      for (std::int32_t l = 0; l < cfg_.layers; ++l)
+        check_layer(
+            rules_, states_[static_cast<std::size_t>(l)], q.heads,
+            {l, q.id, q.row, q.length, kv_heads, d_, state_capacity_, q.start, q.next_position, q.step, ordered,
+             exact()},
+            [&](int kind, std::int32_t h, std::int32_t t) { return row(kind, l, q, h, t); },
+            [&](std::int32_t) { return q.id; }, [](auto&&...) {}, errors);
   }
 
   // ---- refused calls -------------------------------------------------------

@@ -28,6 +28,8 @@
 
 #include <scissorhands/scissorhands.hpp>
 
+#include "engine_support.hpp"
+
 namespace engine_test {
 
 namespace sh = scissorhands;
@@ -259,6 +261,55 @@ void check_slot(const model_rules<Policy>& rules, const sh::eviction_state<sh::m
   if (st.scores[i] < lo - tol || st.scores[i] > hi + tol)
     errors.push_back(where + "state.scores " + std::to_string(st.scores[i]) + " outside [" + std::to_string(lo) + ", " +
                      std::to_string(hi) + "]");
+}
+
+// What a request's row of one layer must hold.
+struct layer_expect {
+  std::int32_t layer, request, row;  // request: its id, for messages; row: its state row
+  std::int32_t length;               // the model's slots per head
+  std::int32_t kv_heads, head_dim, capacity;
+  std::int32_t start, next_position;  // the request's first position, where it continues
+  std::int64_t step;
+  bool ordered, exact;  // slots in position order; scores to the bit
+};
+
+// One layer's state row of a request against the model: tracked = length,
+// the next position, the step, a zero status word; per KV head h the model's
+// slots (heads[layer * kv_heads + h]): each slot's K/V rows (row(kind, h, t))
+// what its token was written with (content(position): the token's V[1] id),
+// check_slot's checks, every protected token still there; then more(h,
+// slots, seen, where), the caller's own checks of the head.
+template <class Policy, class Row, class Content, class More>
+void check_layer(const model_rules<Policy>& rules, const sh::eviction_state<sh::memory_space::host>& st,
+                 const std::vector<std::vector<model_token>>& heads, const layer_expect& e, Row row, Content content,
+                 More more, std::vector<std::string>& errors) {
+  const std::string where = "layer " + std::to_string(e.layer) + ", request " + std::to_string(e.request) + " (row " +
+                            std::to_string(e.row) + "): ";
+  const auto r = static_cast<std::size_t>(e.row);
+  if (st.tracked[r] != e.length)
+    errors.push_back(where + "state tracks " + std::to_string(st.tracked[r]) + " of " + std::to_string(e.length));
+  if (st.next_position[r] != e.next_position) errors.push_back(where + "next_position differs");
+  if (st.step[r] != e.step) errors.push_back(where + "step differs");
+  if (st.status[r] != 0) errors.push_back(where + "status word not zero");
+  for (std::int32_t h = 0; h < e.kv_heads; ++h) {
+    const auto& slots = heads[static_cast<std::size_t>(e.layer * e.kv_heads + h)];
+    if (static_cast<std::int32_t>(slots.size()) != e.length) {
+      errors.push_back(where + "the model holds another number of tokens");
+      continue;
+    }
+    std::set<std::int32_t> seen;
+    for (std::int32_t t = 0; t < e.length; ++t) {
+      const std::int32_t position = slots[static_cast<std::size_t>(t)].position;
+      check_kv_rows(
+          row(0, h, t), row(1, h, t), e.head_dim, position,
+          [&](int kind, std::int32_t x) { return token_value(kind, content(position), e.layer, h, position, x); },
+          where + "head " + std::to_string(h) + " slot " + std::to_string(t) + ": ", errors);
+      check_slot(rules, st, (std::int64_t{e.row} * e.kv_heads + h) * e.capacity + t, slots, t, e.ordered, e.exact, seen,
+                 where, errors);
+    }
+    check_protected(seen, e.start, e.next_position, rules.cfg, where, errors);
+    more(h, slots, seen, where);
+  }
 }
 
 }  // namespace engine_test

@@ -1733,54 +1733,28 @@ class token_driver {
   void check_all() {
     const bool ordered =
         Storage::kind == flow::forget || cfg_.settings.compaction_mode == sh::compaction::preserve_order;
-    for (const request& q : active_) {
+    for (const request& q : active_)
       for (std::int32_t l = 0; l < L_; ++l) {
-        const state_t s = model_.layer(l);
-        const auto r = static_cast<std::size_t>(q.row);
-        const std::int32_t len = q.length[static_cast<std::size_t>(l)];
-        std::ostringstream where;
-        where << "layer " << l << ", request " << q.id << " (row " << q.row << "): ";
-        if (s.tracked[r] != len)
-          errors_.push_back(where.str() + "state tracks " + std::to_string(s.tracked[r]) + " of " +
-                            std::to_string(len));
-        if (s.next_position[r] != q.next_position) errors_.push_back(where.str() + "next_position differs");
-        if (s.step[r] != q.step) errors_.push_back(where.str() + "step differs");
-        if (s.status[r] != 0) errors_.push_back(where.str() + "status word not zero");
-        for (std::int32_t h = 0; h < H_; ++h) {
-          const auto& slots = q.heads[static_cast<std::size_t>(l * H_ + h)];
-          if (static_cast<std::int32_t>(slots.size()) != len) {
-            errors_.push_back(where.str() + "the model holds another number of tokens");
-            continue;
-          }
-          std::set<std::int32_t> seen;
-          for (std::int32_t t = 0; t < len; ++t) {
-            const model_token& tok = slots[static_cast<std::size_t>(t)];
-            check_kv_rows(
-                store_->row(0, l, q, h, t), store_->row(1, l, q, h, t), D_, tok.position,
-                [&](int kind, std::int32_t x) {
-                  return token_value(kind, content_of(q, tok.position), l, h, tok.position, x);
-                },
-                where.str() + "head " + std::to_string(h) + " slot " + std::to_string(t) + ": ", errors_);
-            check_slot(rules_, s, state_index(q.row, h, t), slots, t, ordered, /*exact=*/true, seen, where.str(),
-                       errors_);
-            // One token per slot across the model (shared_layers) or the layer (shared_heads).
-            if (shared_layers && tok.position != q.heads[0][static_cast<std::size_t>(t)].position)
-              errors_.push_back(where.str() + "head " + std::to_string(h) +
-                                " holds another token than layer 0 head 0 at slot " + std::to_string(t));
-            if (shared_heads &&
-                tok.position != q.heads[static_cast<std::size_t>(l * H_)][static_cast<std::size_t>(t)].position)
-              errors_.push_back(where.str() + "head " + std::to_string(h) +
-                                " holds another token than head 0 at slot " + std::to_string(t));
-          }
-          // Every protected and every pinned token ever admitted is still there.
-          check_protected(seen, q.start, q.next_position, cfg_.settings, where.str(), errors_);
+        // One token per slot across the model (shared_layers) or the layer
+        // (shared_heads); every pinned token ever admitted still there.
+        const auto more = [&](std::int32_t h, const std::vector<model_token>& slots, const std::set<std::int32_t>& seen,
+                              const std::string& where) {
+          const auto& first = q.heads[shared_layers ? 0 : static_cast<std::size_t>(l * H_)];
+          for (std::size_t t = 0; t < slots.size(); ++t)
+            if ((shared_layers || shared_heads) && slots[t].position != first[t].position)
+              errors_.push_back(where + "head " + std::to_string(h) + " holds another token than " +
+                                (shared_layers ? "layer 0 head 0" : "head 0") + " at slot " + std::to_string(t));
           if (q.prefix >= 0)
             for (std::int32_t p = 0; p < std::min(q.prefix_len, q.next_position); ++p)
-              if (!seen.count(p))
-                errors_.push_back(where.str() + "pinned prefix position " + std::to_string(p) + " is gone");
-        }
+              if (!seen.count(p)) errors_.push_back(where + "pinned prefix position " + std::to_string(p) + " is gone");
+        };
+        check_layer(
+            rules_, model_.layer(l), q.heads,
+            {l, q.id, q.row, q.length[static_cast<std::size_t>(l)], H_, D_, capacity_, q.start, q.next_position, q.step,
+             ordered, /*exact=*/true},
+            [&](int kind, std::int32_t h, std::int32_t t) { return store_->row(kind, l, q, h, t); },
+            [&](std::int32_t position) { return content_of(q, position); }, more, errors_);
       }
-    }
     store_->check(active_, prefixes_, errors_);
   }
 
