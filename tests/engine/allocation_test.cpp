@@ -421,8 +421,10 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
     }
     for (std::int32_t l = 1; l < layers; ++l) REQUIRE(new_lengths[l] == new_lengths[0]);
     std::size_t n = 0;
-    count.run("host::shrink_page_table",
-              [&] { n = shrink_table(indptr, indices, last_page_len, batch, page_size, new_lengths[0], released); });
+    count.run("host::shrink_page_table", [&] {
+      n = sh::host::shrink_page_table(mspan(indptr), mspan(indices), mspan(last_page_len), page_size,
+                                      cspan(new_lengths[0], batch), mspan(released));
+    });
     released_total += n;
     for (std::size_t i = 0; i < n; ++i) free_pages.push_back(released[i]);
     for (std::int32_t b = 0; b < batch; ++b) {
@@ -447,8 +449,10 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
   CHECK(released_total > 0);
 
   const std::vector<std::int32_t> too_long{1000, 0, 0, 0, 0};  // built outside the count
-  count.run_refused("refused host::shrink_page_table",
-                    [&] { shrink_table(indptr, indices, last_page_len, batch, page_size, too_long, released); });
+  count.run_refused("refused host::shrink_page_table", [&] {
+    (void)sh::host::shrink_page_table(mspan(indptr), mspan(indices), mspan(last_page_len), page_size, cspan(too_long),
+                                      mspan(released));
+  });
 
   count.check("paged cache (" + std::to_string(layers) + " layers, one table)");
 }

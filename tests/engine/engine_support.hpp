@@ -153,13 +153,22 @@ inline scissorhands::host_paged_kv_view<float> paged_view(
                                           hnd ? scissorhands::named_layout::hnd : scissorhands::named_layout::nhd);
 }
 
-// host::shrink_page_table over the first `batch` rows of the table; returns the pages released.
+// host::shrink_page_table over the first `batch` rows of the table, which
+// must release `expect` (each row's pages past its new length, in row order)
+// into `released` and nothing else; returns how many it released.
 inline std::size_t shrink_table(std::vector<std::int32_t>& indptr, std::vector<std::int32_t>& indices,
                                 std::vector<std::int32_t>& last_page_len, std::int32_t batch, std::int32_t page_size,
-                                const std::vector<std::int32_t>& new_lengths, std::vector<std::int32_t>& released) {
+                                const std::vector<std::int32_t>& new_lengths, std::vector<std::int32_t>& released,
+                                const std::vector<std::int32_t>& expect, const std::string& what,
+                                std::vector<std::string>& errors) {
   const auto n = static_cast<std::size_t>(batch);
-  return scissorhands::host::shrink_page_table(mspan(indptr, n + 1), mspan(indices), mspan(last_page_len, n), page_size,
-                                               cspan(new_lengths, n), mspan(released));
+  std::fill(released.begin(), released.end(), -9);
+  const std::size_t count = scissorhands::host::shrink_page_table(
+      mspan(indptr, n + 1), mspan(indices), mspan(last_page_len, n), page_size, cspan(new_lengths, n), mspan(released));
+  if (count != expect.size() || !std::equal(expect.begin(), expect.end(), released.begin()))
+    errors.push_back(what + "shrink_page_table released " + std::to_string(count) + " pages, not the " +
+                     std::to_string(expect.size()) + " trailing ones");
+  return count;
 }
 
 // A request takes batch position b this step (counted as moved when it sat

@@ -296,11 +296,8 @@ struct vllm_storage {
       for (std::int32_t j = ceil_div(new_lengths[static_cast<std::size_t>(b)], bs);
            j < ceil_div(seq_lens[static_cast<std::size_t>(b)], bs); ++j)
         expect.push_back(entry(b, j));
-    std::fill(released.begin(), released.end(), -9);
-    const std::size_t n = shrink_table(indptr, indices, last_page_len, batch, bs, new_lengths, released);
-    if (n != expect.size() || !std::equal(expect.begin(), expect.end(), released.begin()))
-      errors.push_back("vLLM: shrink_page_table released " + std::to_string(n) + " blocks, not the " +
-                       std::to_string(expect.size()) + " trailing blocks of the padded table");
+    const std::size_t n =
+        shrink_table(indptr, indices, last_page_len, batch, bs, new_lengths, released, expect, "vLLM: ", errors);
     for (std::int32_t b = 0; b < batch; ++b) {
       const std::int32_t len = new_lengths[static_cast<std::size_t>(b)];
       seq_lens[static_cast<std::size_t>(b)] = len;
@@ -893,12 +890,9 @@ struct flashinfer_storage {
       const auto& list = b_of[static_cast<std::size_t>(b)]->pages[static_cast<std::size_t>(l)];
       expect.insert(expect.end(), list.begin() + ceil_div(new_lengths[static_cast<std::size_t>(b)], ps), list.end());
     }
-    std::fill(released.begin(), released.end(), -9);
     const auto ul = static_cast<std::size_t>(l);
-    const std::size_t n = shrink_table(indptr[ul], indices[ul], last_page_len[ul], batch, ps, new_lengths, released);
-    if (n != expect.size() || !std::equal(expect.begin(), expect.end(), released.begin()))
-      errors.push_back("FlashInfer layer " + std::to_string(l) +
-                       ": shrink_page_table released other pages than the trailing ones");
+    const std::size_t n = shrink_table(indptr[ul], indices[ul], last_page_len[ul], batch, ps, new_lengths, released,
+                                       expect, "FlashInfer layer " + std::to_string(l) + ": ", errors);
     for (std::int32_t b = 0; b < batch; ++b) {
       if (b_of[static_cast<std::size_t>(b)] == nullptr) continue;
       auto& list = b_of[static_cast<std::size_t>(b)]->pages[static_cast<std::size_t>(l)];
