@@ -759,6 +759,9 @@ class engine {
   stats stats_;
 };
 
+constexpr auto fill_holes = sh::compaction::fill_holes;
+constexpr auto preserve_order = sh::compaction::preserve_order;
+
 template <class Policy>
 void run_all(const std::vector<config>& configs) {
   for (std::size_t i = 0; i < configs.size(); ++i)
@@ -772,83 +775,53 @@ void run_all(const std::vector<config>& configs) {
 
 }  // namespace
 
-// Each config runs at page sizes 1, 4 and 16; one row a config, alike on purpose (data, not code).
+// Each config runs at page sizes 1, 4 and 16; one row a config, laid out by
+// hand (clang-format would split it into a line a field), alike on purpose
+// (data, not code).
+// clang-format off
 TEST_CASE("engine loop: scissorhands policy", "[engine][continuous_batching]") {
   run_all<sh::scissorhands_policy>({
       {.input = feed::probabilities,
-       .settings = make_settings(1, 4, 0, 16, false, sh::compaction::fill_holes),
-       .seed = 11},
-      {.input = feed::queries_lse,
-       .layers = 4,
-       .head_dim = 32,
-       .hnd = true,
-       .budget = 30,
-       .chunk = 8,
-       .settings = make_settings(4, 3, 2, 24, true, sh::compaction::preserve_order),
-       .seed = 12},
+       .settings = make_settings(1, 4, 0, 16, false, fill_holes), .seed = 11},
+      {.input = feed::queries_lse, .layers = 4, .head_dim = 32, .hnd = true, .budget = 30, .chunk = 8,
+       .settings = make_settings(4, 3, 2, 24, true, preserve_order), .seed = 12},
   });
 }
 
 TEST_CASE("engine loop: important-step count", "[engine][continuous_batching]") {
   run_all<sh::important_count_policy>({
       {.input = feed::probabilities,
-       .settings = make_settings(2, 4, 1, 16, false, sh::compaction::fill_holes),
-       .seed = 13},
+       .settings = make_settings(2, 4, 1, 16, false, fill_holes), .seed = 13},
   });
 }
 
 TEST_CASE("engine loop: h2o policy", "[engine][continuous_batching]") {
   run_all<sh::h2o_policy>({
-      {.input = feed::queries_lse,
-       .layers = 4,
-       .head_dim = 32,
-       .budget = 22,
-       .chunk = 5,
-       .settings = make_settings(1, 4, 0, 400, false, sh::compaction::preserve_order),
-       .seed = 21},
-      {.input = feed::probabilities,
-       .hnd = true,
-       .budget = 18,
-       .chunk = 7,
-       .settings = make_settings(3, 2, 1, 400, true, sh::compaction::fill_holes),
-       .seed = 22},
-      {.input = feed::queries_own_norm,
-       .head_dim = 24,
-       .budget = 26,
-       .chunk = 6,
-       .settings = make_settings(2, 5, 0, 400, false, sh::compaction::fill_holes),
-       .softmax_scale = 0.15f,
-       .seed = 23},
+      {.input = feed::queries_lse, .layers = 4, .head_dim = 32, .budget = 22, .chunk = 5,
+       .settings = make_settings(1, 4, 0, 400, false, preserve_order), .seed = 21},
+      {.input = feed::probabilities, .hnd = true, .budget = 18, .chunk = 7,
+       .settings = make_settings(3, 2, 1, 400, true, fill_holes), .seed = 22},
+      {.input = feed::queries_own_norm, .head_dim = 24, .budget = 26, .chunk = 6,
+       .settings = make_settings(2, 5, 0, 400, false, fill_holes), .softmax_scale = 0.15f, .seed = 23},
   });
 }
 
 TEST_CASE("engine loop: h2o with the GQA max reduction", "[engine][continuous_batching]") {
   run_all<sh::eviction_policy<sh::attention_mass, sh::unbounded_history, sh::recent_window, sh::gqa_max>>({
-      {.input = feed::probabilities,
-       .layers = 3,
-       .budget = 20,
-       .chunk = 4,
-       .settings = make_settings(2, 3, 0, 400, false, sh::compaction::preserve_order),
-       .seed = 31},
+      {.input = feed::probabilities, .layers = 3, .budget = 20, .chunk = 4,
+       .settings = make_settings(2, 3, 0, 400, false, preserve_order), .seed = 31},
   });
 }
 
 TEST_CASE("engine loop: streaming policy with sinks", "[engine][continuous_batching]") {
   run_all<sh::streaming_policy>({
-      {.input = feed::queries_lse,
-       .budget = 16,
-       .chunk = 6,
-       .settings = make_settings(1, 6, 4, 400, false, sh::compaction::fill_holes),
-       .seed = 41},
-      {.input = feed::probabilities,
-       .layers = 4,
-       .hnd = true,
-       .budget = 20,
-       .chunk = 8,
-       .settings = make_settings(5, 3, 2, 400, false, sh::compaction::preserve_order),
-       .seed = 42},
+      {.input = feed::queries_lse, .budget = 16, .chunk = 6,
+       .settings = make_settings(1, 6, 4, 400, false, fill_holes), .seed = 41},
+      {.input = feed::probabilities, .layers = 4, .hnd = true, .budget = 20, .chunk = 8,
+       .settings = make_settings(5, 3, 2, 400, false, preserve_order), .seed = 42},
   });
 }
+// clang-format on
 
 // ---------------------------------------------------------------------------
 // Outputs overlapping what a call reads. Found by this test when compress

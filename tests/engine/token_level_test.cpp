@@ -1832,32 +1832,23 @@ constexpr auto preserve_order = sh::compaction::preserve_order;
 
 }  // namespace
 
-// One row a scenario: the rows are alike on purpose (data, not code).
+// One row a scenario, laid out by hand (clang-format would split each into
+// a line a field): the rows are alike on purpose (data, not code).
+// clang-format off
 TEST_CASE("token level: vLLM padded block table, select + compact + shrink", "[engine][token_level][vllm]") {
   run_scenarios({
       {"scissorhands, block size 4, GQA 4, prefix blocks shared and pinned, fill_holes",
        run_engine<at<sh::scissorhands_policy, mean_mean>, vllm_storage>,
-       {.q_heads = 8,
-        .budget = 24,
-        .page_size = 4,
-        .prefix_len = 8,
-        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
-        .seed = 101}},
+       {.q_heads = 8, .budget = 24, .page_size = 4, .prefix_len = 8,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes), .seed = 101}},
       {"h2o, block size 16, max over heads and layers, sinks, preserve_order",
        run_engine<at<sh::h2o_policy, max_max>, vllm_storage>,
-       {.budget = 24,
-        .chunk = 6,
-        .page_size = 16,
-        .settings = make_settings(3, 3, 2, 400, false, preserve_order),
-        .seed = 102}},
+       {.budget = 24, .chunk = 6, .page_size = 16,
+        .settings = make_settings(3, 3, 2, 400, false, preserve_order), .seed = 102}},
       {"tova, block size 2, 4 layers, mean over heads then max over layers, shared prefix",
        run_engine<at<sh::tova_policy, mean_max>, vllm_storage>,
-       {.layers = 4,
-        .budget = 16,
-        .page_size = 2,
-        .prefix_len = 4,
-        .settings = make_settings(2, 2, 0, 1, false, fill_holes),
-        .seed = 103}},
+       {.layers = 4, .budget = 16, .page_size = 2, .prefix_len = 4,
+        .settings = make_settings(2, 2, 0, 1, false, fill_holes), .seed = 103}},
   });
 }
 
@@ -1865,19 +1856,12 @@ TEST_CASE("token level: SGLang token pool, select + free slots + forget", "[engi
   run_scenarios({
       {"scissorhands, 3 KV heads, radix prefix of 6 tokens",
        run_engine<at<sh::scissorhands_policy, mean_mean>, sglang_storage>,
-       {.kv_heads = 3,
-        .q_heads = 6,
-        .budget = 20,
-        .prefix_len = 6,
-        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
-        .seed = 201}},
+       {.kv_heads = 3, .q_heads = 6, .budget = 20, .prefix_len = 6,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes), .seed = 201}},
       {"h2o, m 2, a sink, mean over heads then max over layers, radix prefix of 5 tokens",
        run_engine<at<sh::h2o_policy, mean_max>, sglang_storage>,
-       {.budget = 18,
-        .chunk = 6,
-        .prefix_len = 5,
-        .settings = make_settings(2, 3, 1, 400, false, preserve_order),
-        .seed = 202}},
+       {.budget = 18, .chunk = 6, .prefix_len = 5,
+        .settings = make_settings(2, 3, 1, 400, false, preserve_order), .seed = 202}},
   });
 }
 
@@ -1885,11 +1869,8 @@ TEST_CASE("token level: llama.cpp cells, select + clear cells + forget", "[engin
   run_scenarios({
       {"important-step count, MHA, prefix cells shared by seq_cp",
        run_engine<at<sh::important_count_policy, mean_mean>, llama_storage>,
-       {.q_heads = 2,
-        .budget = 18,
-        .prefix_len = 4,
-        .settings = make_settings(1, 3, 0, 12, false, fill_holes),
-        .seed = 301}},
+       {.q_heads = 2, .budget = 18, .prefix_len = 4,
+        .settings = make_settings(1, 3, 0, 12, false, fill_holes), .seed = 301}},
       {"streaming with sinks (every score ties: the older token goes)",
        run_engine<at<sh::streaming_policy, mean_mean>, llama_storage>,
        {.budget = 16, .settings = make_settings(2, 5, 3, 400, false, fill_holes), .seed = 302}},
@@ -1905,27 +1886,16 @@ TEST_CASE("token level: FlashInfer per-layer tables, compress per layer (compari
   run_scenarios({
       {"per_head, scissorhands, page size 4, NHD",
        run_engine<sh::scissorhands_policy, flashinfer_storage>,
-       {.budget = 16,
-        .layer_budget_step = 3,
-        .page_size = 4,
-        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
-        .seed = 401}},
+       {.budget = 16, .layer_budget_step = 3, .page_size = 4,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes), .seed = 401}},
       {"shared_heads (mean), h2o, page size 1, preserve_order",
        run_engine<at<sh::h2o_policy, sh::shared_heads<>>, flashinfer_storage>,
-       {.budget = 14,
-        .layer_budget_step = 4,
-        .page_size = 1,
-        .settings = make_settings(2, 3, 1, 400, false, preserve_order),
-        .seed = 402}},
+       {.budget = 14, .layer_budget_step = 4, .page_size = 1,
+        .settings = make_settings(2, 3, 1, 400, false, preserve_order), .seed = 402}},
       {"shared_heads (max), scissorhands, page size 16, HND",
        run_engine<at<sh::scissorhands_policy, sh::shared_heads<sh::max_score>>, flashinfer_storage>,
-       {.kv_heads = 4,
-        .q_heads = 8,
-        .budget = 20,
-        .layer_budget_step = 2,
-        .page_size = 16,
-        .hnd = true,
-        .settings = make_settings(1, 4, 0, 16, true, fill_holes),
-        .seed = 403}},
+       {.kv_heads = 4, .q_heads = 8, .budget = 20, .layer_budget_step = 2, .page_size = 16, .hnd = true,
+        .settings = make_settings(1, 4, 0, 16, true, fill_holes), .seed = 403}},
   });
 }
+// clang-format on
