@@ -88,11 +88,8 @@ struct config {
   std::string describe(std::int32_t page_size) const {
     std::ostringstream o;
     o << name_of(input) << ", page_size " << page_size << ", layers " << layers << ", head_dim " << head_dim
-      << (hnd ? ", HND" : ", NHD") << ", budget " << budget << ", chunk " << chunk << ", m " << settings.evict_count
-      << ", r " << settings.recent << ", sinks " << settings.sinks << ", w " << settings.window
-      << (settings.normalize ? ", normalised" : "")
-      << (settings.compaction_mode == sh::compaction::fill_holes ? ", fill_holes" : ", preserve_order") << ", seed "
-      << seed;
+      << (hnd ? ", HND" : ", NHD") << ", budget " << budget << ", chunk " << chunk << ", " << settings_text(settings)
+      << ", seed " << seed;
     return o.str();
   }
 };

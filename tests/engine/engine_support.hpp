@@ -221,6 +221,13 @@ inline scissorhands::settings make_settings(std::int32_t m, std::int32_t recent,
           .compaction_mode = mode};
 }
 
+// The settings by those letters, for a run's description: "m 1, r 4, sinks 0, w 16, normalised, fill_holes".
+inline std::string settings_text(const scissorhands::settings& s) {
+  return "m " + std::to_string(s.evict_count) + ", r " + std::to_string(s.recent) + ", sinks " +
+         std::to_string(s.sinks) + ", w " + std::to_string(s.window) + (s.normalize ? ", normalised" : "") +
+         (s.compaction_mode == scissorhands::compaction::fill_holes ? ", fill_holes" : ", preserve_order");
+}
+
 // A joining request's state row: any free one (so rows get reused out of order).
 inline std::int32_t take_row(rng& r, std::vector<std::int32_t>& free_rows, std::vector<std::int32_t>& used_rows,
                              std::int64_t& reused) {

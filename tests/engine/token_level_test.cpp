@@ -98,11 +98,8 @@ struct tl_config {
     o << "layers " << layers << ", kv_heads " << kv_heads << ", q_heads " << q_heads << ", head_dim " << head_dim
       << ", budget " << budget;
     if (layer_budget_step != 0) o << " + " << layer_budget_step << " per layer";
-    o << ", chunk " << chunk << ", page_size " << page_size << ", prefix " << prefix_len << (hnd ? ", HND" : "")
-      << ", m " << settings.evict_count << ", r " << settings.recent << ", sinks " << settings.sinks << ", w "
-      << settings.window << (settings.normalize ? ", normalised" : "")
-      << (settings.compaction_mode == sh::compaction::fill_holes ? ", fill_holes" : ", preserve_order") << ", seed "
-      << seed;
+    o << ", chunk " << chunk << ", page_size " << page_size << ", prefix " << prefix_len << (hnd ? ", HND" : "") << ", "
+      << settings_text(settings) << ", seed " << seed;
     return o.str();
   }
 };
