@@ -14,7 +14,7 @@
 # mutation is the mutation's. A mutation whose text is no longer found is an
 # error: the table must follow the code. Host code only (nvcc is not used);
 # the CUDA rules that run on the host are covered through their .hpp halves.
-# About 15 minutes on 2 cores; not part of CI (docs/hardening.md).
+# About 7 minutes on 2 cores (423 s on 2026-12-06); not part of CI (docs/hardening.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
