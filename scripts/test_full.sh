@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full run (README; .ci/run calls it): the test command,
 # scripts/test.sh, with the pinned llama-cpp-python installed first (about
-# 10 minutes cold on 2 cores, seconds from pip's wheel cache) so that the
+# 3 minutes cold on 2 cores, seconds from pip's wheel cache) so that the
 # llama.cpp integration is tested, then every hardening stage in
 # scripts/stages/, in name order (docs/hardening.md): sanitizers, the
 # x86-64-v3 build, ThreadSanitizer, fuzzing, clang-tidy. Each part says how
