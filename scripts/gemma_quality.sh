@@ -16,7 +16,8 @@
 #   4. tables, the goal cell by cell, compression, plot.
 # Writes results/gemma_*. On 2 cores: about 1 h 45 min for steps 1-2's
 # main policies and step 3, about 4 h with every variant
-# (SCISSORHANDS_GEMMA_VARIANTS=0 skips them). SCISSORHANDS_THREADS (default 2).
+# (SCISSORHANDS_GEMMA_VARIANTS=0 skips them); SCISSORHANDS_GEMMA_COUNTER=1 adds
+# the counter's settings one at a time (step 3b). SCISSORHANDS_THREADS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/llama_cpp_build.sh  # sets bin and gemma
@@ -41,16 +42,24 @@ echo "persistence: $SECONDS s"
 main=(scissorhands scissorhands-paper h2o tova streaming random)
 variants=(h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers)
 [ "${SCISSORHANDS_GEMMA_VARIANTS:-1}" = 1 ] || variants=()
-run() {  # protocol budgets... -- policies...
-  local protocol=$1; shift
+run() {  # name protocol budgets... -- policies...
+  local name=$1 protocol=$2; shift 2
   local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
   "$bin" evaluate --model "$gemma" --tokens "${tokens[@]}" --protocol "$protocol" --chunk 32 --threads "$threads" \
-    --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$protocol.csv" | tee "$out/gemma_$protocol.txt"
-  echo "$protocol: $SECONDS s"
+    --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" | tee "$out/gemma_$name.txt"
+  echo "$name: $SECONDS s"
 }
 # 2. Decode (50% included); 3. prefill (at 50% the budget holds the whole prompt: nothing to evict).
-run decode 6.25 12.5 25 50 -- "${main[@]}" context-shift "${variants[@]}"
-run prefill 6.25 12.5 25 -- "${main[@]}" snapkv "${variants[@]}"
+run decode decode 6.25 12.5 25 50 -- "${main[@]}" context-shift "${variants[@]}"
+run prefill prefill 6.25 12.5 25 -- "${main[@]}" snapkv "${variants[@]}"
+# 3b. The counter's settings one at a time from the default (docs/quality.md, "The counter's settings
+# around the default"; SCISSORHANDS_GEMMA_COUNTER=1, about 1 h 40 min more): gemma_counter_*.csv.
+if [ "${SCISSORHANDS_GEMMA_COUNTER:-0}" = 1 ]; then
+  counter=(scissorhands:window=12 scissorhands:window=50 scissorhands:window=100 scissorhands:alpha=1
+           scissorhands:alpha=4 scissorhands:normalize=0)
+  run counter_decode decode 6.25 12.5 25 50 -- "${counter[@]}"
+  run counter_prefill prefill 6.25 12.5 25 -- "${counter[@]}"
+fi
 # 4. Tables and plot.
 python3 scripts/gemma_summary.py --tiny docs/quality.md \
   --persistence "$out/gemma_persistence_age0.csv" "$out/gemma_persistence_age10.csv" "$out/gemma_persistence_q01.csv" \
