@@ -6,22 +6,27 @@
 # from the model, seeds 1-4), 32 tokens per llama_decode.
 #   1. persistence of importance per layer (the paper's definition, min age
 #      10, min fraction 0.1), full cache;
-#   2. decode protocol at 6.25 / 12.5 / 25 / 50% of the text: the default,
-#      the paper's setting, H2O (raw, normalised), TOVA, StreamingLLM,
-#      llama.cpp's context shift, random, the default's variants (r a share
-#      of the budget, the layers' max instead of their mean);
-#   3. prefill protocol (half the text, compressed once) at 6.25 / 12.5 /
-#      25%: the same, SnapKV (the prompt's last 32 queries) in place of the
-#      context shift;
+#   2. the goal grid, about an hour on 2 cores: the default, StreamingLLM,
+#      H2O, TOVA, llama.cpp's context shift and random under the decode
+#      protocol at 6.25 / 12.5 / 25 / 50% of the text, and all but the
+#      context shift under the prefill protocol (half the text, compressed
+#      once) at 6.25 / 12.5 / 25%;
+#   3. the other configurations (SCISSORHANDS_GEMMA_VARIANTS=0 skips them):
+#      the paper's setting, H2O normalised, SnapKV (prefill: the prompt's
+#      last 32 queries), the default's variants (r a share of the budget, the
+#      layers' max instead of their mean); 3b, with
+#      SCISSORHANDS_GEMMA_COUNTER=1: the counter's settings one at a time;
 #   4. tables, the goal cell by cell, compression, plot.
-# Writes results/gemma_*. On 2 cores: about 1 h 45 min for steps 1-2's
-# main policies and step 3, about 4 h with every variant
-# (SCISSORHANDS_GEMMA_VARIANTS=0 skips them); SCISSORHANDS_GEMMA_COUNTER=1 adds
-# the counter's settings one at a time (step 3b). SCISSORHANDS_THREADS (default 2).
+# evaluate runs SCISSORHANDS_JOBS texts at once (default: one per core), each
+# with SCISSORHANDS_THREADS llama.cpp threads (default 1), and takes a
+# method's predictions from before its first eviction from the full cache's
+# run (--no-reuse recomputes them). Writes results/gemma_*; prints each
+# step's seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/llama_cpp_build.sh  # sets bin and gemma
-threads=${SCISSORHANDS_THREADS:-2}
+jobs=${SCISSORHANDS_JOBS:-$(nproc)}
+threads=${SCISSORHANDS_THREADS:-1}
 out=results
 mkdir -p "$out/gemma_tokens"
 L=/usr/share/common-licenses
@@ -31,29 +36,35 @@ texts=("$L/GPL-1" "$L/GPL-2" "$L/GPL-3" "$L/LGPL-2.1" "$L/MPL-1.1" "$L/MPL-2.0" 
 SECONDS=0
 # 1. Persistence; it also tokenizes and samples the 16 texts once.
 "$bin" persistence --model "$gemma" --text "${texts[@]}" --samples 4 --sample-seed 1 --length 2000 \
-  --threads "$threads" --save-tokens "$out/gemma_tokens" --csv "$out/gemma_persistence_age0.csv" \
+  --threads "$((jobs * threads))" --save-tokens "$out/gemma_tokens" --csv "$out/gemma_persistence_age0.csv" \
   | tee "$out/gemma_persistence_age0.txt"
 tokens=("$out"/gemma_tokens/*.tokens)
-"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-age 10 --threads "$threads" \
+"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-age 10 --threads "$((jobs * threads))" \
   --csv "$out/gemma_persistence_age10.csv" | tee "$out/gemma_persistence_age10.txt"
-"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-fraction 0.1 --threads "$threads" \
+"$bin" persistence --model "$gemma" --tokens "${tokens[@]}" --min-fraction 0.1 --threads "$((jobs * threads))" \
   --csv "$out/gemma_persistence_q01.csv" | tee "$out/gemma_persistence_q01.txt"
 echo "persistence: $SECONDS s"
-main=(scissorhands scissorhands-paper h2o tova streaming random)
-variants=(h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers)
-[ "${SCISSORHANDS_GEMMA_VARIANTS:-1}" = 1 ] || variants=()
+goal=(scissorhands streaming h2o tova random)
+more=(scissorhands-paper h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers)
 run() {  # name protocol budgets... -- policies...
   local name=$1 protocol=$2; shift 2
   local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
   "$bin" evaluate --model "$gemma" --tokens "${tokens[@]}" --protocol "$protocol" --chunk 32 --threads "$threads" \
-    --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" | tee "$out/gemma_$name.txt"
+    --jobs "$jobs" --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" | tee "$out/gemma_$name.txt"
   echo "$name: $SECONDS s"
 }
-# 2. Decode (50% included); 3. prefill (at 50% the budget holds the whole prompt: nothing to evict).
-run decode decode 6.25 12.5 25 50 -- "${main[@]}" context-shift "${variants[@]}"
-run prefill prefill 6.25 12.5 25 -- "${main[@]}" snapkv "${variants[@]}"
+# 2. The goal grid (at 50% the prefill budget holds the whole prompt: nothing to evict).
+run decode decode 6.25 12.5 25 50 -- "${goal[@]}" context-shift
+run prefill prefill 6.25 12.5 25 -- "${goal[@]}"
+decode=("$out/gemma_decode.csv") prefill=("$out/gemma_prefill.csv")
+# 3. The other configurations.
+if [ "${SCISSORHANDS_GEMMA_VARIANTS:-1}" = 1 ]; then
+  run decode_more decode 6.25 12.5 25 50 -- "${more[@]}"
+  run prefill_more prefill 6.25 12.5 25 -- snapkv "${more[@]}"
+  decode+=("$out/gemma_decode_more.csv") prefill+=("$out/gemma_prefill_more.csv")
+fi
 # 3b. The counter's settings one at a time from the default (docs/quality.md, "The counter's settings
-# around the default"; SCISSORHANDS_GEMMA_COUNTER=1, about 1 h 40 min more): gemma_counter_*.csv.
+# around the default"; SCISSORHANDS_GEMMA_COUNTER=1): gemma_counter_*.csv.
 if [ "${SCISSORHANDS_GEMMA_COUNTER:-0}" = 1 ]; then
   counter=(scissorhands:window=12 scissorhands:window=50 scissorhands:window=100 scissorhands:alpha=1
            scissorhands:alpha=4 scissorhands:normalize=0)
@@ -63,9 +74,12 @@ fi
 # 4. Tables and plot.
 python3 scripts/gemma_summary.py --tiny docs/quality.md \
   --persistence "$out/gemma_persistence_age0.csv" "$out/gemma_persistence_age10.csv" "$out/gemma_persistence_q01.csv" \
-  -- "$out/gemma_decode.csv" "$out/gemma_prefill.csv" \
+  -- "${decode[@]}" "${prefill[@]}" \
   | tee "$out/gemma_summary.md"
 if command -v gnuplot >/dev/null; then
-  python3 scripts/llama_cpp_plot.py "$out/gemma_decode.csv" "$out/gemma_prefill.csv" "$out/gemma_quality.png"
+  mkdir -p "$out/gemma_merged"  # every configuration's cells, one CSV per protocol
+  python3 scripts/gemma_summary.py --out-csv "$out/gemma_merged" -- "${decode[@]}" "${prefill[@]}" >/dev/null
+  python3 scripts/llama_cpp_plot.py "$out/gemma_merged/gemma_decode.csv" "$out/gemma_merged/gemma_prefill.csv" \
+    "$out/gemma_quality.png"
 fi
 echo "scripts/gemma_quality.sh: $SECONDS s"

@@ -6,6 +6,7 @@
 // C++17, like llama.cpp; the library through its bridge. docs/llama_cpp.md.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "llama.h"
@@ -257,10 +260,10 @@ struct evaluate_options {
   std::vector<double> budgets{6.25, 12.5, 25, 50};  // % of the text length
   std::vector<std::int32_t> budget_tokens;          // or tokens
   std::string protocol = "decode";
-  std::int32_t chunk = 32, samples = 0, length = 0;
+  std::int32_t chunk = 32, samples = 0, length = 0, jobs = 1;
   std::uint32_t seed = 1;
   std::string csv, save_tokens;
-  bool f32_cache = false;
+  bool f32_cache = false, no_reuse = false;
 };
 
 int evaluate(const evaluate_options& o) {
@@ -290,8 +293,12 @@ int evaluate(const evaluate_options& o) {
     for (double p : o.budgets) budgets.push_back({fixed(p, 2) + "%", std::max(1, static_cast<std::int32_t>(std::lround(p / 100.0 * shortest)))});
   for (std::int32_t b : o.budget_tokens) budgets.push_back({std::to_string(b), b});
 
+  // Every text under `how`, o.jobs of them at once (each in its own context
+  // with --threads threads); summed in text order, so no figure depends on
+  // --jobs. Under decode the bounded methods reuse the full cache's
+  // predictions from before their first eviction (runner.h) unless --no-reuse.
+  std::vector<run_result> full_runs;
   const auto run_all = [&](const method& how, std::int32_t budget) {
-    run_result sum;
     run_options run;
     run.threads = o.common.threads;
     run.chunk = o.chunk;
@@ -300,21 +307,39 @@ int evaluate(const evaluate_options& o) {
     run.scores = scores_of(o.common.scores);
     run.global_layers = o.common.global_layers;
     run.f32_cache = o.f32_cache;
-    for (const auto& t : texts) {
-      const run_result r = run_text(model.model, t.tokens, how, run);
-      if (!r.error.empty()) throw std::runtime_error(how.label + " on " + t.name + ": " + r.error);
+    std::vector<run_result> runs(texts.size());
+    std::atomic<std::size_t> next{0};
+    const auto work = [&] {
+      for (std::size_t i = next++; i < texts.size(); i = next++) {
+        run_options mine = run;
+        if (!o.no_reuse && i < full_runs.size()) mine.full_nll = &full_runs[i].token_nll;
+        runs[i] = run_text(model.model, texts[i].tokens, how, mine);
+      }
+    };
+    const auto wall_start = std::chrono::steady_clock::now();
+    std::vector<std::thread> workers;
+    for (std::int32_t j = 1; j < std::min<std::int32_t>(o.jobs, static_cast<std::int32_t>(texts.size())); ++j)
+      workers.emplace_back(work);
+    work();
+    for (auto& w : workers) w.join();
+    run_result sum;
+    sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      const run_result& r = runs[i];
+      if (!r.error.empty()) throw std::runtime_error(how.label + " on " + texts[i].name + ": " + r.error);
       sum.nll_sum += r.nll_sum;
       sum.predictions += r.predictions;
       sum.peak_cells = std::max(sum.peak_cells, r.peak_cells);
       sum.evicted += r.evicted;
-      sum.seconds += r.seconds;
+      sum.reused += r.reused;
       sum.library_seconds += r.library_seconds;
       sum.decode_seconds += r.decode_seconds;
     }
-    return sum;
+    return std::make_pair(sum, std::move(runs));
   };
   const auto clock_start = std::chrono::steady_clock::now();
-  const run_result full = run_all(method_of("full", o.overrides), shortest);
+  run_result full;
+  std::tie(full, full_runs) = run_all(method_of("full", o.overrides), shortest);
   std::cerr << "full cache: NLL " << fixed(full.nll(), 4) << " (" << fixed(full.seconds, 1) << " s)\n";
   std::vector<cell> cells;
   // Rewritten after every cell, so that a long grid stopped early keeps what it measured.
@@ -322,25 +347,26 @@ int evaluate(const evaluate_options& o) {
     if (o.csv.empty()) return;
     std::ofstream csv(o.csv);
     csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
-           "evicted,seconds,library_seconds\n";
+           "evicted,seconds,library_seconds,reused\n";
     csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
         << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
-        << ",0," << fixed(full.seconds, 2) << ",0\n";
+        << ",0," << fixed(full.seconds, 2) << ",0,0\n";
     for (const auto& c : cells)
       csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
           << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
           << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
           << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
-          << fixed(c.sum.library_seconds, 3) << "\n";
+          << fixed(c.sum.library_seconds, 3) << "," << c.sum.reused << "\n";
   };
   for (const auto& name : o.policies) {
     if (prefill && name == "context-shift") continue;  // llama.cpp shifts while decoding only
     const method how = method_of(name, o.overrides);
     for (const auto& [label, tokens] : budgets) {
-      cells.push_back({name, label, tokens, run_all(how, tokens)});
+      cells.push_back({name, label, tokens, run_all(how, tokens).first});
       const auto& r = cells.back().sum;
       std::cerr << name << " @ " << label << " (" << tokens << " cells): NLL " << fixed(r.nll(), 4) << " ("
                 << fixed(100.0 * (r.nll() / full.nll() - 1.0), 2) << "%), " << fixed(r.seconds, 1) << " s, "
+                << r.reused << " of " << r.predictions << " predictions reused, "
                 << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count(), 0)
                 << " s so far\n";
       write_csv();
@@ -730,6 +756,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"decode", "prefill"}));
   e->add_option("--chunk", ev.chunk, "tokens per llama_decode (m: evicted per trigger)")->capture_default_str()->check(CLI::Range(1, 4096));
+  e->add_option("--jobs,-j", ev.jobs, "texts run at once, each in its own context with --threads threads")
+      ->capture_default_str()->check(CLI::Range(1, 256));
+  e->add_flag("--no-reuse", ev.no_reuse,
+              "decode: compute every prediction (by default those made before a method's first eviction or "
+              "context shift are taken from the full cache's run of the same text: the same computation)");
   add_outputs(e, ev.csv, "cells", ev.f32_cache, ev.save_tokens);
 
   check_options ck;

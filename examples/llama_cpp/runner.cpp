@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 namespace sh_llama {
@@ -11,14 +12,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-double negative_log_prob(const float* logits, std::int32_t vocab, llama_token target) {
-  double top = logits[0];
-  for (std::int32_t v = 1; v < vocab; ++v) top = std::max(top, static_cast<double>(logits[v]));
-  double sum = 0.0;
-  for (std::int32_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - top);
-  return -(static_cast<double>(logits[target]) - top - std::log(sum));
 }
 
 // llama.cpp's own context shift, as llama-cli and the server do it: keep
@@ -31,7 +24,58 @@ void context_shift(llama_memory_t memory, llama_pos& n_past, llama_pos n_keep) {
   n_past -= n_discard;
 }
 
+// e^x for x in [-87, 0] (below: 2^-126's neighbourhood, far under float's
+// share of a sum of 262,144 terms): 2^n e^r with |r| <= ln2/2 and e^r by its
+// Taylor series to r^7 (relative error under 1e-7); branch-free so that the
+// loop below vectorises. NaN stays NaN (no float-to-int conversion of it).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  // Adding 1.5 * 2^23 rounds to an integer n, which then sits in the low bits.
+  constexpr float shifter = 12582912.0f;
+  constexpr std::uint32_t shifter_bits = 0x4B400000u;
+  const float shifted = x * 1.44269504088896341f + shifter;
+  const float n = shifted - shifter;
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln 2 in two parts
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  std::uint32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - shifter_bits + 127u) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
 }  // namespace
+
+double negative_log_prob(const float* logits, std::int32_t vocab, llama_token target) {
+  // Blocks of 256: e^(x - top) of each in float (a loop the compiler
+  // vectorises), summed in float lanes of 16 terms, the lanes in double.
+  constexpr std::int32_t block = 256, lanes = 16;
+  float top = logits[0];
+  for (std::int32_t v = 1; v < vocab; ++v) top = logits[v] > top ? logits[v] : top;
+  double sum = 0.0;
+  float terms[block];
+  for (std::int32_t b = 0; b < vocab; b += block) {
+    const std::int32_t n = std::min(block, vocab - b);
+    for (std::int32_t v = 0; v < n; ++v) terms[v] = exp_nonpositive(logits[b + v] - top);
+    if (n < block) {
+      for (std::int32_t v = 0; v < n; ++v) sum += terms[v];
+      break;
+    }
+    float lane[lanes] = {};
+    for (std::int32_t v = 0; v < block; v += lanes)
+      for (std::int32_t l = 0; l < lanes; ++l) lane[l] += terms[v + l];
+    for (std::int32_t l = 0; l < lanes; ++l) sum += lane[l];
+  }
+  return -(static_cast<double>(logits[target]) - static_cast<double>(top) - std::log(sum));
+}
 
 void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first,
                std::int32_t first_logit) {
@@ -110,16 +154,28 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
   llama_batch batch = llama_batch_init(run.chunk, 0, 1);
   llama_pos n_past = 0;
   if (run.keep_logits) result.logits.reserve(static_cast<std::size_t>(total) * static_cast<std::size_t>(vocab));
+  result.token_nll.assign(tokens.size(), 0.0);
+  const bool may_reuse = run.full_nll != nullptr && run.full_nll->size() == tokens.size() && !prefill &&
+                         !run.keep_logits && (library || shift);
+  bool shifted = false;
 
   for (std::int32_t at = 0; at < total;) {
-    // Prefill: the prompt's last chunk ends at P exactly.
+    // Prefill: the prompt's last chunk ends at P exactly. Decode: the step
+    // that reaches the budget ends at it, so that the cache never holds more.
     std::int32_t count = std::min(run.chunk, total - at);
     if (prefill && at < run.prompt) count = std::min(count, run.prompt - at);
+    if (!prefill && library && at < run.budget) count = std::min(count, run.budget - at);
     if (observe_from > 0 && at < observe_from) count = std::min(count, observe_from - at);
-    if (shift && !prefill && n_past + count > run.budget) context_shift(memory, n_past, 1);
-    // Logits only where a prediction is scored (prefill: from token P-1 on),
+    if (shift && !prefill && n_past + count > run.budget) {
+      context_shift(memory, n_past, 1);
+      shifted = true;
+    }
+    // Nothing evicted or shifted yet: the full cache's predictions, reused.
+    const bool reuse = may_reuse && !shifted && (!library || glue->evicted() == 0);
+    // Logits only where a prediction is computed (prefill: from token P-1 on),
     // or every one for the reads-only check.
-    const std::int32_t first_logit = prefill && !run.keep_logits ? std::max(0, run.prompt - 1 - at) : 0;
+    const std::int32_t first_logit =
+        reuse ? count - 1 : prefill && !run.keep_logits ? std::max(0, run.prompt - 1 - at) : 0;
     set_batch(batch, tokens.data() + at, count, n_past, first_logit);
     const auto decode_start = clock_type::now();
     const int rc = llama_decode(ctx, batch);
@@ -132,13 +188,16 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     const std::int32_t held = glue ? glue->held() : static_cast<std::int32_t>(llama_memory_seq_pos_max(memory, 0) -
                                                                                llama_memory_seq_pos_min(memory, 0) + 1);
     result.peak_cells = std::max(result.peak_cells, held);
-    for (std::int32_t j = std::min(first_logit, count - 1); j < count; ++j) {
-      const float* logits = llama_get_logits_ith(ctx, j);
-      if (run.keep_logits) result.logits.insert(result.logits.end(), logits, logits + vocab);
+    for (std::int32_t j = reuse ? 0 : std::min(first_logit, count - 1); j < count; ++j) {
       const std::int32_t next = at + j + 1;
+      const float* logits = reuse ? nullptr : llama_get_logits_ith(ctx, j);
+      if (run.keep_logits) result.logits.insert(result.logits.end(), logits, logits + vocab);
       if (next < total && (!prefill || next >= run.prompt)) {
-        result.nll_sum += negative_log_prob(logits, vocab, tokens[static_cast<std::size_t>(next)]);
+        const auto n = static_cast<std::size_t>(next);
+        result.token_nll[n] = reuse ? (*run.full_nll)[n] : negative_log_prob(logits, vocab, tokens[n]);
+        result.nll_sum += result.token_nll[n];
         ++result.predictions;
+        result.reused += reuse ? 1 : 0;
       }
     }
     at += count;

@@ -31,6 +31,12 @@ struct run_options {
   std::vector<std::int32_t> global_layers;
   bool keep_logits = false;      // keep every logit row (the reads-only check)
   bool f32_cache = false;        // K and V cached as F32 (llama.cpp's default: F16)
+  // Decode protocol, bounded methods: the full cache's NLL of each token
+  // (run_result::token_nll of its run on the same text). The predictions made
+  // before the first eviction (or context shift) are the full cache's own
+  // computation, so they are taken from here instead of recomputed; null:
+  // every prediction is computed.
+  const std::vector<double>* full_nll = nullptr;
   // With the full cache: a reads-only glue hands every layer's attention
   // here (glue_options::on_attention); positions through `glue_positions`.
   std::function<void(std::int32_t, const float*, std::int32_t, std::int32_t, std::int32_t)> on_attention;
@@ -46,16 +52,24 @@ struct run_result {
          evict_seconds = 0.0;
   std::int64_t removals = 0;
   std::vector<float> logits;     // keep_logits: [token][vocab]
+  std::vector<double> token_nll; // [t]: NLL of token t where it was predicted (computed or reused), else 0
+  std::int64_t reused = 0;       // predictions taken from run_options::full_nll
   std::string error;             // non-empty: the run stopped
   double nll() const { return predictions > 0 ? nll_sum / static_cast<double>(predictions) : 0.0; }
 };
 
 // Teacher-forced NLL of `tokens` under `how`: the decode protocol (chunks
-// of run.chunk tokens, eviction after each) or, with run.prompt = P, the
-// prefill protocol (P tokens in chunks, one eviction to the budget, the rest
-// with the cache growing; NLL of tokens P..T-1).
+// of run.chunk tokens, eviction after each; the library's steps end at the
+// budget, so the cache never holds more than B cells) or, with run.prompt =
+// P, the prefill protocol (P tokens in chunks, one eviction to the budget,
+// the rest with the cache growing; NLL of tokens P..T-1).
 run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, const method& how,
                     const run_options& run);
+
+// -log softmax(logits)[target] over `vocab` logits, in float lanes that
+// compilers vectorise (the sweep's hot loop after llama_decode: 262,144
+// logits a token on Gemma 3); within 1e-6 of the double-precision value.
+double negative_log_prob(const float* logits, std::int32_t vocab, llama_token target);
 
 // Fills `batch` with tokens[0..count) of seq 0 at positions first.., with
 // logits for tokens first_logit.. and the last one.

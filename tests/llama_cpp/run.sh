@@ -31,5 +31,30 @@ case "$mode" in
     grep -q "setting 'recent=120%' is not one of .*recent (cells, or 0-100%)" "$out/refused.log"
     if grep -q "full cache" "$out/refused.log"; then echo "the bad setting was refused only after a run"; exit 1; fi
     echo "settings: run as set, labelled, a bad one refused before any run" ;;
+  evaluate)
+    # The sweep's shortcuts change no figure: texts run two at once give the
+    # same CSV as one at a time, and the predictions reused from the full
+    # cache (decode, before a method's first eviction or context shift) match
+    # recomputing them to llama.cpp's batch-shape rounding (1e-4 relative).
+    # The decode steps end at the budget: no bounded method holds more.
+    args=(evaluate --model "$model" --text "$text" /usr/share/common-licenses/Apache-2.0 --length 300
+          --budgets 10 25 50 --chunk 16 --policies scissorhands tova context-shift)
+    "$bin" "${args[@]}" --jobs 2 --csv "$out/jobs2.csv" >"$out/jobs2.log" 2>&1
+    "$bin" "${args[@]}" --jobs 1 --csv "$out/jobs1.csv" >"$out/jobs1.log" 2>&1
+    "$bin" "${args[@]}" --jobs 1 --no-reuse --csv "$out/no_reuse.csv" >"$out/no_reuse.log" 2>&1
+    # policy, budget, budget_tokens, predictions, nll, peak_cells, reused
+    columns() { awk -F, 'NR > 1 { print $3, $4, $5, $7, $8, $11, $15 }' "$1"; }
+    if ! diff <(columns "$out/jobs1.csv") <(columns "$out/jobs2.csv"); then
+      echo "--jobs 2 changed the figures"; exit 1
+    fi
+    paste -d' ' <(columns "$out/jobs1.csv") <(columns "$out/no_reuse.csv") | awk '
+      $1 == "full" { next }
+      { cells++
+        if ($7 <= 0 || $14 != 0) { print $1, $2 ": reused " $7 " / " $14 " predictions"; bad++ }
+        d = $5 - $12; if (d < 0) d = -d
+        if (d > 1e-4 * $12) { print $1, $2 ": NLL " $5 " reused, " $12 " recomputed"; bad++ }
+        if ($1 != "context-shift" && $6 > $3) { print $1, $2 ": held " $6 " cells, budget " $3; bad++ } }
+      END { if (bad || cells != 9) { print bad " failure(s) in " cells " cells"; exit 1 }
+            print cells " cells: the same with --jobs 2, reuse within 1e-4, never above the budget" }' ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
