@@ -6,7 +6,7 @@
 # from the model, seeds 1-4), 32 tokens per llama_decode.
 #   1. persistence of importance per layer (the paper's definition, min age
 #      10, min fraction 0.1), full cache;
-#   2. the goal grid, about an hour on 2 cores: the default, StreamingLLM,
+#   2. the goal grid, 68 min on 2 cores (docs/quality.md): the default, StreamingLLM,
 #      H2O, TOVA, llama.cpp's context shift and random under the decode
 #      protocol at 6.25 / 12.5 / 25 / 50% of the text, and all but the
 #      context shift under the prefill protocol (half the text, compressed
