@@ -50,7 +50,8 @@ run() {  # name protocol budgets... -- policies...
   local name=$1 protocol=$2; shift 2
   local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
   "$bin" evaluate --model "$gemma" --tokens "${tokens[@]}" --protocol "$protocol" --chunk 32 --threads "$threads" \
-    --jobs "$jobs" --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" | tee "$out/gemma_$name.txt"
+    --jobs "$jobs" --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" \
+    --texts-csv "$out/gemma_${name}_texts.csv" | tee "$out/gemma_$name.txt"
   echo "$name: $SECONDS s"
 }
 # 2. The goal grid (at 50% the prefill budget holds the whole prompt: nothing to evict).

@@ -262,7 +262,7 @@ struct evaluate_options {
   std::string protocol = "decode";
   std::int32_t chunk = 32, samples = 0, length = 0, jobs = 1;
   std::uint32_t seed = 1;
-  std::string csv, save_tokens;
+  std::string csv, texts_csv, save_tokens;
   bool f32_cache = false, no_reuse = false;
 };
 
@@ -287,6 +287,7 @@ int evaluate(const evaluate_options& o) {
     std::string budget_text;
     std::int32_t budget;
     run_result sum;
+    std::vector<run_result> runs;  // per text, token_nll dropped
   };
   std::vector<std::pair<std::string, std::int32_t>> budgets;  // label, tokens (relative to the shortest text)
   if (o.budget_tokens.empty())
@@ -344,25 +345,41 @@ int evaluate(const evaluate_options& o) {
   std::vector<cell> cells;
   // Rewritten after every cell, so that a long grid stopped early keeps what it measured.
   const auto write_csv = [&] {
-    if (o.csv.empty()) return;
-    std::ofstream csv(o.csv);
-    csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
-           "evicted,seconds,library_seconds,reused\n";
-    csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
-        << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
-        << ",0," << fixed(full.seconds, 2) << ",0,0\n";
-    for (const auto& c : cells)
-      csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
-          << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
-          << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
-          << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
-          << fixed(c.sum.library_seconds, 3) << "," << c.sum.reused << "\n";
+    if (!o.csv.empty()) {
+      std::ofstream csv(o.csv);
+      csv << "model,protocol,policy,budget,budget_tokens,texts,predictions,nll,nll_full,increase_percent,peak_cells,"
+             "evicted,seconds,library_seconds,reused\n";
+      csv << base_name(o.common.model_path) << "," << o.protocol << ",full,100%," << shortest << "," << texts.size() << ","
+          << full.predictions << "," << fixed(full.nll(), 6) << "," << fixed(full.nll(), 6) << ",0," << full.peak_cells
+          << ",0," << fixed(full.seconds, 2) << ",0,0\n";
+      for (const auto& c : cells)
+        csv << base_name(o.common.model_path) << "," << o.protocol << "," << c.policy << "," << c.budget_text << ","
+            << c.budget << "," << texts.size() << "," << c.sum.predictions << "," << fixed(c.sum.nll(), 6) << ","
+            << fixed(full.nll(), 6) << "," << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 4) << ","
+            << c.sum.peak_cells << "," << c.sum.evicted << "," << fixed(c.sum.seconds, 2) << ","
+            << fixed(c.sum.library_seconds, 3) << "," << c.sum.reused << "\n";
+    }
+    // Per text: what paired comparisons of two cells over the same texts need
+    // (scripts/gemma_summary.py --texts: bootstrap intervals of their difference).
+    if (o.texts_csv.empty()) return;
+    std::ofstream per_text(o.texts_csv);
+    per_text << "model,protocol,policy,budget,text,predictions,nll_sum,nll_full_sum\n";
+    const auto row = [&](const std::string& policy, const std::string& budget, const std::vector<run_result>& runs) {
+      for (std::size_t i = 0; i < runs.size(); ++i)
+        per_text << base_name(o.common.model_path) << "," << o.protocol << "," << policy << "," << budget << ","
+                 << texts[i].name << "," << runs[i].predictions << "," << fixed(runs[i].nll_sum, 6) << ","
+                 << fixed(full_runs[i].nll_sum, 6) << "\n";
+    };
+    row("full", "100%", full_runs);
+    for (const auto& c : cells) row(c.policy, c.budget_text, c.runs);
   };
   for (const auto& name : o.policies) {
     if (prefill && name == "context-shift") continue;  // llama.cpp shifts while decoding only
     const method how = method_of(name, o.overrides);
     for (const auto& [label, tokens] : budgets) {
-      cells.push_back({name, label, tokens, run_all(how, tokens).first});
+      auto [sum, runs] = run_all(how, tokens);
+      for (auto& r : runs) r.token_nll = {};
+      cells.push_back({name, label, tokens, sum, std::move(runs)});
       const auto& r = cells.back().sum;
       std::cerr << name << " @ " << label << " (" << tokens << " cells): NLL " << fixed(r.nll(), 4) << " ("
                 << fixed(100.0 * (r.nll() / full.nll() - 1.0), 2) << "%), " << fixed(r.seconds, 1) << " s, "
@@ -385,13 +402,15 @@ int evaluate(const evaluate_options& o) {
     for (const auto& b : budgets)
       for (const auto& c : cells)
         if (c.policy == name && c.budget_text == b.first) {
-          row << " +" << fixed(100.0 * (c.sum.nll() / full.nll() - 1.0), 2) << "% |";
+          const double increase = 100.0 * (c.sum.nll() / full.nll() - 1.0);
+          row << (increase < 0 ? " " : " +") << fixed(increase, 2) << "% |";
           any = true;
         }
     if (any) std::cout << row.str() << "\n";
   }
   write_csv();
   if (!o.csv.empty()) std::cout << "wrote " << o.csv << "\n";
+  if (!o.texts_csv.empty()) std::cout << "wrote " << o.texts_csv << "\n";
   return 0;
 }
 
@@ -762,6 +781,8 @@ int main(int argc, char** argv) {
               "decode: compute every prediction (by default those made before a method's first eviction or "
               "context shift are taken from the full cache's run of the same text: the same computation)");
   add_outputs(e, ev.csv, "cells", ev.f32_cache, ev.save_tokens);
+  e->add_option("--texts-csv", ev.texts_csv,
+                "write every cell's NLL sum per text (and the full cache's) as CSV, for paired comparisons");
 
   check_options ck;
   auto* c = add_command(app, "check-reads", "the glue observes and never evicts: logits bit for bit", ck.common);
