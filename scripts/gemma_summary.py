@@ -3,7 +3,7 @@
 through llama.cpp; scripts/gemma_quality.sh runs them).
 
     gemma_summary.py [--out-csv DIR] [--tiny docs/quality.md] [--default NAME]
-                     [--persistence CSV ...] RUN [RUN ...]
+                     [--persistence CSV ...] [--texts CSV ...] RUN [RUN ...]
 
 A RUN is one evaluate CSV, or several joined by '+': the same cells measured
 on disjoint sets of texts of equal length, pooled exactly (NLL sums weighted
@@ -14,10 +14,14 @@ and within 0.5 points of the best configuration), and the compression
 (text / budget) each policy reaches at <= 1% and <= 0.5% NLL increase; with
 --tiny, one table of those compressions on the three tiny models too, parsed
 from the per-model tables of docs/quality.md. --out-csv writes the merged cells,
-one CSV per protocol (what scripts/llama_cpp_plot.py draws).
+one CSV per protocol (what scripts/llama_cpp_plot.py draws). With --texts
+(evaluate --texts-csv files), each of the default's margins over a baseline
+comes with a 95% paired bootstrap interval over the texts: how far another
+draw of texts like these could move it.
 """
 import argparse
 import csv
+import random
 import re
 import sys
 from collections import OrderedDict
@@ -95,6 +99,61 @@ def table(cells, protocol):
             row.append(f"**{v:+.2f}%**" if best[b][1] == policy else f"{v:+.2f}%")
         out.append(f"| {policy} | " + " | ".join(row) + " |")
     return "\n".join(out), policies, budgets
+
+
+def per_text(paths):
+    """evaluate --texts-csv files -> {(protocol, policy, budget): {text: (nll_sum, full_sum)}}."""
+    out = {}
+    for path in paths:
+        for r in csv.DictReader(open(path)):
+            key = (r["protocol"], r["policy"], r["budget"])
+            value = (float(r["nll_sum"]), float(r["nll_full_sum"]))
+            texts = out.setdefault(key, {})
+            if r["text"] in texts and (key[1] != "full" or abs(texts[r["text"]][0] - value[0]) > 1e-3):
+                sys.exit(f"text {r['text']} of cell {key} measured twice" +
+                         (" with different full caches" if key[1] == "full" else ""))
+            texts[r["text"]] = value
+    return out
+
+
+def paired_interval(a, b, resamples=10000, seed=1):
+    """a, b: {text: (nll_sum, full_sum)} over the same texts. The pooled
+    increase of a minus that of b, in points, and its 95% percentile
+    bootstrap interval (texts drawn with replacement, the pair kept)."""
+    if set(a) != set(b):
+        sys.exit("paired cells are not over the same texts")
+    names = sorted(a)
+    rows = [(a[t][0] - b[t][0], a[t][1]) for t in names]
+    def diff(sample):
+        return 100.0 * sum(d for d, _ in sample) / sum(f for _, f in sample)
+    rng = random.Random(seed)
+    draws = sorted(diff([rows[rng.randrange(len(rows))] for _ in rows]) for _ in range(resamples))
+    return diff(rows), draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
+
+
+def margins(cells, texts, protocol, default, budgets):
+    """The default minus each baseline, per budget, with paired intervals."""
+    out = ["| budget | " + " | ".join(BASELINES) + " |", "|---|" + "---|" * len(BASELINES)]
+    counts = {"worse": 0, "better": 0, "open": 0}
+    for b in budgets:
+        d = texts.get((protocol, default, b))
+        if d is None:
+            continue
+        row = []
+        for base in BASELINES:
+            t = texts.get((protocol, base, b))
+            if t is None:
+                row.append("—")
+                continue
+            m, lo, hi = paired_interval(d, t)
+            counts["worse" if lo > 0 else "better" if hi < 0 else "open"] += 1
+            row.append(f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        out.append(f"| {b} | " + " | ".join(row) + " |")
+    out.append("")
+    out.append(f"Of {sum(counts.values())} margins, the interval lies below 0 (the default better) at "
+               f"{counts['better']}, above 0 (the baseline better) at {counts['worse']}, and spans 0 at "
+               f"{counts['open']}.")
+    return "\n".join(out)
 
 
 def goal(cells, protocol, default, budgets):
@@ -235,7 +294,9 @@ def main():
     ap.add_argument("--tiny", help="docs/quality.md: compression on the three tiny models too")
     ap.add_argument("--out-csv", help="directory for the merged gemma_<protocol>.csv")
     ap.add_argument("--persistence", nargs="*", default=[], help="persistence CSVs: the per-layer table")
+    ap.add_argument("--texts", nargs="*", default=[], help="evaluate --texts-csv files: paired intervals")
     a = ap.parse_args()
+    texts = per_text(a.texts)
     if a.persistence:
         print("### Persistence of importance per layer (ratio |E ∩ L| / |L|; chance |E| / S; excess "
               "(ratio - chance) / (1 - chance))\n\n" + persistence(a.persistence) + "\n")
@@ -247,6 +308,10 @@ def main():
         text, policies, budgets = table(cells, protocol)
         print(f"### Gemma 3 270M, {protocol}\n\n{text}\n")
         print(f"#### The goal ({a.default}), {protocol}\n\n{goal(cells, protocol, a.default, budgets)}\n")
+        if texts:
+            print(f"#### {a.default} minus each baseline, {protocol} (points of NLL increase; negative: "
+                  f"{a.default} better; 95% paired bootstrap interval over the texts)\n\n"
+                  f"{margins(cells, texts, protocol, a.default, budgets)}\n")
         rows = OrderedDict((p, {b: increase(cells[(protocol, p, b)]) for b in budgets if (protocol, p, b) in cells})
                            for p in policies)
         print(f"#### Compression (text / budget) within 1% and 0.5% of the full cache, {protocol}\n\n"

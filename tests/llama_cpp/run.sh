@@ -39,7 +39,7 @@ case "$mode" in
     # The decode steps end at the budget: no bounded method holds more.
     args=(evaluate --model "$model" --text "$text" /usr/share/common-licenses/Apache-2.0 --length 300
           --budgets 10 25 50 --chunk 16 --policies scissorhands tova context-shift)
-    "$bin" "${args[@]}" --jobs 2 --csv "$out/jobs2.csv" >"$out/jobs2.log" 2>&1
+    "$bin" "${args[@]}" --jobs 2 --csv "$out/jobs2.csv" --texts-csv "$out/jobs2_texts.csv" >"$out/jobs2.log" 2>&1
     "$bin" "${args[@]}" --jobs 1 --csv "$out/jobs1.csv" >"$out/jobs1.log" 2>&1
     "$bin" "${args[@]}" --jobs 1 --no-reuse --csv "$out/no_reuse.csv" >"$out/no_reuse.log" 2>&1
     # policy, budget, budget_tokens, predictions, nll, peak_cells, reused
@@ -55,6 +55,31 @@ case "$mode" in
         if (d > 1e-4 * $12) { print $1, $2 ": NLL " $5 " reused, " $12 " recomputed"; bad++ }
         if ($1 != "context-shift" && $6 > $3) { print $1, $2 ": held " $6 " cells, budget " $3; bad++ } }
       END { if (bad || cells != 9) { print bad " failure(s) in " cells " cells"; exit 1 }
-            print cells " cells: the same with --jobs 2, reuse within 1e-4, never above the budget" }' ;;
+            print cells " cells: the same with --jobs 2, reuse within 1e-4, never above the budget" }'
+    # The per-text sums add up to each cell's pooled NLL, and the summary's
+    # paired margin is the difference of the pooled increases.
+    python3 - "$out/jobs2.csv" "$out/jobs2_texts.csv" "$(dirname "$0")/../../scripts/gemma_summary.py" <<'PY'
+import csv, subprocess, sys
+cells = {(r["policy"], r["budget"]): r for r in csv.DictReader(open(sys.argv[1]))}
+sums = {}
+for r in csv.DictReader(open(sys.argv[2])):
+    s = sums.setdefault((r["policy"], r["budget"]), [0.0, 0, 0.0, 0])
+    s[0] += float(r["nll_sum"]); s[1] += int(r["predictions"]); s[2] += float(r["nll_full_sum"]); s[3] += 1
+assert sums.keys() == cells.keys(), (sorted(sums), sorted(cells))
+for key, (nll, n, full, texts) in sums.items():
+    c = cells[key]
+    assert texts == 2 and n == int(c["predictions"]), (key, texts, n)
+    assert abs(nll / n - float(c["nll"])) < 2e-6 and abs(full / n - float(c["nll_full"])) < 2e-6, key
+out = subprocess.run([sys.executable, sys.argv[3], "--texts", sys.argv[2], "--", sys.argv[1]], check=True,
+                     capture_output=True, text=True).stdout
+row = next(l for l in out.splitlines() if l.startswith("| 25.00% | ") and "[" in l)
+tova = row.split("|")[4].strip()  # streaming, h2o, tova, ...: "+m [lo, hi]"
+margin = float(tova.split()[0])
+lo, hi = (float(x) for x in tova[tova.index("[") + 1:tova.index("]")].split(","))
+want = float(cells[("scissorhands", "25.00%")]["increase_percent"]) - float(cells[("tova", "25.00%")]["increase_percent"])
+assert abs(margin - want) < 0.006 and lo <= margin <= hi, (tova, want)
+print(f"per-text sums match the {len(cells)} cells; paired margin at 25%: {tova}")
+PY
+    ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
