@@ -6,7 +6,7 @@
 # from the model, seeds 1-4), 32 tokens per llama_decode.
 #   1. persistence of importance per layer (the paper's definition, min age
 #      10, min fraction 0.1), full cache;
-#   2. the goal grid, 68 min on 2 cores (docs/quality.md): the default, StreamingLLM,
+#   2. the goal grid, 67-68 min on 2 cores (docs/quality.md): the default, StreamingLLM,
 #      H2O, TOVA, llama.cpp's context shift and random under the decode
 #      protocol at 6.25 / 12.5 / 25 / 50% of the text, and all but the
 #      context shift under the prefill protocol (half the text, compressed
@@ -16,7 +16,8 @@
 #      last 32 queries), the default's variants (r a share of the budget, the
 #      layers' max instead of their mean); 3b, with
 #      SCISSORHANDS_GEMMA_COUNTER=1: the counter's settings one at a time;
-#   4. tables, the goal cell by cell, compression, plot.
+#   4. tables, the goal cell by cell (the default's margin over each baseline
+#      with a 95% paired bootstrap interval over the texts), compression, plot.
 # evaluate runs SCISSORHANDS_JOBS texts at once (default: one per core), each
 # with SCISSORHANDS_THREADS llama.cpp threads (default 1), and takes a
 # method's predictions from before its first eviction from the full cache's
@@ -73,8 +74,10 @@ if [ "${SCISSORHANDS_GEMMA_COUNTER:-0}" = 1 ]; then
   run counter_prefill prefill 6.25 12.5 25 -- "${counter[@]}"
 fi
 # 4. Tables and plot.
+# The goal grid's per-text sums: the default's margins with paired bootstrap intervals.
 python3 scripts/gemma_summary.py --tiny docs/quality.md \
   --persistence "$out/gemma_persistence_age0.csv" "$out/gemma_persistence_age10.csv" "$out/gemma_persistence_q01.csv" \
+  --texts "$out/gemma_decode_texts.csv" "$out/gemma_prefill_texts.csv" \
   -- "${decode[@]}" "${prefill[@]}" \
   | tee "$out/gemma_summary.md"
 if command -v gnuplot >/dev/null; then
