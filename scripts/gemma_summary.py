@@ -131,7 +131,7 @@ def paired_interval(a, b, resamples=10000, seed=1):
     return diff(rows), draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]
 
 
-def margins(cells, texts, protocol, default, budgets):
+def margins(texts, protocol, default, budgets):
     """The default minus each baseline, per budget, with paired intervals."""
     out = ["| budget | " + " | ".join(BASELINES) + " |", "|---|" + "---|" * len(BASELINES)]
     counts = {"worse": 0, "better": 0, "open": 0}
@@ -311,7 +311,7 @@ def main():
         if texts:
             print(f"#### {a.default} minus each baseline, {protocol} (points of NLL increase; negative: "
                   f"{a.default} better; 95% paired bootstrap interval over the texts)\n\n"
-                  f"{margins(cells, texts, protocol, a.default, budgets)}\n")
+                  f"{margins(texts, protocol, a.default, budgets)}\n")
         rows = OrderedDict((p, {b: increase(cells[(protocol, p, b)]) for b in budgets if (protocol, p, b) in cells})
                            for p in policies)
         print(f"#### Compression (text / budget) within 1% and 0.5% of the full cache, {protocol}\n\n"
