@@ -14,7 +14,7 @@
 #   3. the other configurations (SCISSORHANDS_GEMMA_VARIANTS=0 skips them):
 #      the paper's setting, H2O normalised, SnapKV (prefill: the prompt's
 #      last 32 queries), the default's variants (r a share of the budget, the
-#      layers' max instead of their mean); 3b, with
+#      layers' max instead of their mean, 4 sinks protected); 3b, with
 #      SCISSORHANDS_GEMMA_COUNTER=1: the counter's settings one at a time;
 #   4. tables, the goal cell by cell (the default's margin over each baseline
 #      with a 95% paired bootstrap interval over the texts), compression, plot.
@@ -46,7 +46,8 @@ tokens=("$out"/gemma_tokens/*.tokens)
   --csv "$out/gemma_persistence_q01.csv" | tee "$out/gemma_persistence_q01.txt"
 echo "persistence: $SECONDS s"
 goal=(scissorhands streaming h2o tova random)
-more=(scissorhands-paper h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers)
+more=(scissorhands-paper h2o:normalize=1 scissorhands:recent=50% scissorhands:recent=25% scissorhands-max-layers
+      scissorhands-paper:sinks=4 scissorhands:sinks=4)
 run() {  # name protocol budgets... -- policies...
   local name=$1 protocol=$2; shift 2
   local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
