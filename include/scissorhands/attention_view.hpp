@@ -135,23 +135,35 @@ struct lse_view {
   }
 };
 
+// What a sliding window's width counts. FlashInfer's and FlashAttention's
+// kernels measure it in cache slots (their kv index). llama.cpp's mask
+// measures it in logical positions: once eviction leaves holes, a window
+// of 512 positions holds fewer than 512 slots, so an engine whose mask
+// works on positions says so, and the library measures each key's distance
+// with the positions it keeps for every token.
+enum class window_unit { slots, positions };
+
 // How the engine's attention kernel formed its logits beyond plain causal
 // softmax, in FlashInfer's terms (its sm_scale, window_left,
 // logits_soft_cap and ALiBi slopes). Distances are in cache slots, the
 // kernel's kv index, as FlashInfer's and FlashAttention's kernels measure
-// them. The logit of the query at slot i (head qh) against the key at slot t:
+// them (the window's may be in positions instead: window_left_unit). The
+// logit of the query at slot i (head qh) against the key at slot t:
 //   x = softmax_scale * q.k + alibi_slopes[qh] * (t - i)   (ALiBi, when given)
 //   x = logits_soft_cap * tanh(x / logits_soft_cap)         (when > 0: Gemma 2)
 // and keys at t < i - window_left get no attention (when window_left >= 0:
-// Mistral's and Gemma 2/3's sliding-window layers). observe_queries must be
-// told what the kernel did: with plain options it computes plain causal
-// softmax over every held slot, and its scores for such a layer are wrong.
+// Mistral's and Gemma 2/3's sliding-window layers; with window_unit::
+// positions, keys whose position is below the query's minus window_left).
+// observe_queries must be told what the kernel did: with plain options it
+// computes plain causal softmax over every held slot, and its scores for
+// such a layer are wrong.
 template <memory_space Space>
 struct attention_options {
   float softmax_scale = 0.0f;             // multiplies q.k; 0: 1/sqrt(head_dim)
   std::int32_t window_left = -1;          // sliding window: slots [i - window_left, i]; -1: none
   float logits_soft_cap = 0.0f;           // > 0: soft-capped logits; 0: none
   span<const float, Space> alibi_slopes;  // [q_heads] ALiBi slopes; empty: none
+  window_unit window_left_unit = window_unit::slots;  // what window_left counts
 
   SCISSORHANDS_HOST_DEVICE bool plain() const {
     return window_left < 0 && logits_soft_cap == 0.0f && alibi_slopes.empty();

@@ -4,6 +4,9 @@
 // element_traits for __half and __nv_bfloat16, and an engine with its own
 // storage type specialises it the same way. A trait (not an overload) so a
 // specialisation declared after this header is still found.
+#include <bit>
+#include <cstdint>
+
 #include "config.hpp"
 
 namespace scissorhands {
@@ -14,6 +17,44 @@ struct element_traits;  // no conversion known: specialise to_float for T
 template <>
 struct element_traits<float> {
   SCISSORHANDS_HOST_DEVICE static float to_float(float x) { return x; }
+};
+
+// IEEE binary16 and bfloat16 held as their 16 bits, for host engines that
+// store a half-precision cache without a half type (llama.cpp's
+// ggml_fp16_t and ggml_bf16_t are uint16_t): a view over such a cache
+// casts its pointer to fp16_bits / bf16_bits (one uint16_t each, the same
+// size and alignment). Host only: device code reads __half and
+// __nv_bfloat16 (cuda/element.cuh).
+struct fp16_bits {
+  std::uint16_t bits;
+};
+struct bf16_bits {
+  std::uint16_t bits;
+};
+static_assert(sizeof(fp16_bits) == 2 && alignof(fp16_bits) == 2 && sizeof(bf16_bits) == 2);
+
+template <>
+struct element_traits<fp16_bits> {
+  // Every binary16 value exactly, subnormals, infinities and NaN included;
+  // branch-free (selects on integers), so a loop over a row vectorises.
+  static float to_float(fp16_bits h) {
+    const std::uint32_t bits = h.bits;
+    const std::uint32_t shifted = (bits & 0x7FFFu) << 13;  // exponent and mantissa in float's places
+    const std::uint32_t exponent = shifted & 0x0F800000u;
+    const std::uint32_t normal = shifted + ((127u - 15u) << 23);
+    // Subnormal (and zero): give it the smallest normal exponent, then
+    // subtract that exponent's 1.0 as a float: exact, no subnormal operand.
+    const float renormalised = std::bit_cast<float>(normal + (1u << 23)) - std::bit_cast<float>(113u << 23);
+    const std::uint32_t magnitude = exponent == 0x0F800000u ? normal + ((128u - 16u) << 23)  // inf, NaN
+                                    : exponent == 0         ? std::bit_cast<std::uint32_t>(renormalised)
+                                                            : normal;
+    return std::bit_cast<float>(magnitude | ((bits & 0x8000u) << 16));
+  }
+};
+
+template <>
+struct element_traits<bf16_bits> {
+  static float to_float(bf16_bits h) { return std::bit_cast<float>(std::uint32_t{h.bits} << 16); }
 };
 
 template <class T>

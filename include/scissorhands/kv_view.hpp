@@ -66,8 +66,11 @@ kv_view<T, Space> make_kv_view(span<T, Space> k, span<T, Space> v,
 namespace detail {
 
 // Shape checks that need no access to the data (valid for either space).
+// `values`: the call reads or moves V. Calls that only read K (observe)
+// pass false, and then V may be absent ({nullptr, 0}): a FlashAttention
+// engine's V may be in another format or not at hand.
 template <class T, memory_space Space>
-void validate_shape(const char* fn, const kv_view<T, Space>& view) {
+void validate_shape(const char* fn, const kv_view<T, Space>& view, bool values = true) {
   require(view.batch > 0, fn, "cache.batch", "must be positive, got ", view.batch);
   require(view.kv_heads > 0, fn, "cache.kv_heads", "must be positive, got ", view.kv_heads);
   require(view.head_dim > 0, fn, "cache.head_dim", "must be positive, got ", view.head_dim);
@@ -83,7 +86,9 @@ void validate_shape(const char* fn, const kv_view<T, Space>& view) {
     kv_layout layout;
   } buffers[2] = {{"cache.k", "cache.k_layout", view.k, view.k_layout},
                   {"cache.v", "cache.v_layout", view.v, view.v_layout}};
+  const bool v_absent = !values && view.v.data() == nullptr && view.v.empty();
   for (const auto& buf : buffers) {
+    if (v_absent && &buf == &buffers[1]) continue;
     require(buf.data.data() != nullptr, fn, buf.name, "must not be null");
     const std::array<std::int64_t, 3> strides{buf.layout.sequence_stride, buf.layout.head_stride,
                                               buf.layout.token_stride};
@@ -97,7 +102,7 @@ void validate_shape(const char* fn, const kv_view<T, Space>& view) {
     require(static_cast<std::uint64_t>(need) <= buf.data.size(), fn, buf.name, "holds ", buf.data.size(),
             " elements but its layout reaches element ", need);
   }
-  require(view.k.data() != view.v.data(), fn, "cache.v", "must not alias cache.k");
+  require(v_absent || view.k.data() != view.v.data(), fn, "cache.v", "must not alias cache.k");
 }
 
 }  // namespace detail

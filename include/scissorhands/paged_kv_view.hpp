@@ -81,8 +81,11 @@ paged_kv_view<T, Space> make_paged_kv_view(span<T, Space> k_pages, span<T, Space
 
 namespace detail {
 
+// `values`: the call reads or moves V. Calls that only read K (observe)
+// pass false, and then V may be absent ({nullptr, 0}): a FlashAttention
+// engine's V may be in another format or not at hand.
 template <class T, memory_space Space>
-void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
+void validate_shape(const char* fn, const paged_kv_view<T, Space>& view, bool values = true) {
   validate_table_shape(fn, view);
   require(view.head_dim > 0, fn, "cache.head_dim", "must be positive, got ", view.head_dim);
   const std::array<std::int64_t, 3> extents{view.num_pages, view.kv_heads, view.page_size};
@@ -93,7 +96,9 @@ void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
     paged_layout layout;
   } buffers[2] = {{"cache.k_pages", "cache.k_layout", view.k_pages, view.k_layout},
                   {"cache.v_pages", "cache.v_layout", view.v_pages, view.v_layout}};
+  const bool v_absent = !values && view.v_pages.data() == nullptr && view.v_pages.empty();
   for (const auto& buf : buffers) {
+    if (v_absent && &buf == &buffers[1]) continue;
     require(buf.data.data() != nullptr, fn, buf.name, "must not be null");
     const std::array<std::int64_t, 3> strides{buf.layout.page_stride, buf.layout.head_stride,
                                               buf.layout.token_stride};
@@ -106,7 +111,8 @@ void validate_shape(const char* fn, const paged_kv_view<T, Space>& view) {
     require(static_cast<std::uint64_t>(need) <= buf.data.size(), fn, buf.name, "holds ", buf.data.size(),
             " elements but its layout reaches element ", need);
   }
-  require(view.k_pages.data() != view.v_pages.data(), fn, "cache.v_pages", "must not alias cache.k_pages");
+  require(v_absent || view.k_pages.data() != view.v_pages.data(), fn, "cache.v_pages",
+          "must not alias cache.k_pages");
 }
 
 // validate_page_table (token_table_view.hpp) checks the table itself.

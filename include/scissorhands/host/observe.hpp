@@ -320,24 +320,31 @@ inline bool all_probabilities(const float* __restrict row, std::int32_t n) {
 inline constexpr std::int32_t query_scratch_floats = 4096;
 inline constexpr std::int32_t key_scratch_floats = 512;
 inline constexpr std::int32_t logit_tile = 16;
+// Without the log-sum-exp the blocked path needs every logit twice (the
+// normaliser, then the probabilities): it keeps them on the stack when
+// group x visible tokens fit, so K is read and multiplied once; beyond
+// that it computes them again.
+inline constexpr std::int32_t logit_cache_floats = 8192;
 // Slots observe_probabilities combines and records at a time (on the stack).
 inline constexpr std::int32_t record_tile = 256;
 
+// `values`: whether the call reads or moves V (an observe call does not,
+// and then a kv_view's or paged_kv_view's V may be absent).
 template <class T>
-void validate_cache(const char* fn, const kv_view<T, memory_space::host>& cache) {
-  validate_shape(fn, cache);
+void validate_cache(const char* fn, const kv_view<T, memory_space::host>& cache, bool values = true) {
+  validate_shape(fn, cache, values);
 }
 template <class T>
-void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& cache) {
-  validate_shape(fn, cache);
+void validate_cache(const char* fn, const paged_kv_view<T, memory_space::host>& cache, bool values = true) {
+  validate_shape(fn, cache, values);
   validate_page_table(fn, cache);
 }
-inline void validate_cache(const char* fn, const token_table_view<memory_space::host>& cache) {
+inline void validate_cache(const char* fn, const token_table_view<memory_space::host>& cache, bool = true) {
   validate_shape(fn, cache);
   validate_page_table(fn, cache);
 }
 template <class Codes>
-void validate_cache(const char* fn, const quantized_kv_view<Codes>& cache) {
+void validate_cache(const char* fn, const quantized_kv_view<Codes>& cache, bool = true) {
   static_assert(Codes::space == memory_space::host, "the host backend needs a host view");
   require(cache.head_dim <= key_scratch_floats, fn, "cache.head_dim", "must be at most ", key_scratch_floats,
           " for a quantized cache (a K row is dequantized on the stack), got ", cache.head_dim);
@@ -428,8 +435,8 @@ void validate_rows(const char* fn, const View& cache, const eviction_state<memor
 // 0 <= tracked <= length <= capacity (the cache's and the state's).
 template <class Policy, class View>
 void validate_common(const char* fn, const Policy& policy, const View& cache,
-                     const eviction_state<memory_space::host>& state) {
-  validate_cache(fn, cache);
+                     const eviction_state<memory_space::host>& state, bool values = true) {
+  validate_cache(fn, cache, values);
   validate_settings(fn, policy);
   validate_state_matches(fn, policy, cache, state);
   validate_rows(fn, cache, state);
@@ -590,6 +597,36 @@ inline void record_run(const Policy& policy, const eviction_state<memory_space::
   }
 }
 
+// Which keys a query's sliding window shows: every slot from `first` on
+// (window_unit::slots), or, measured in positions, the keys whose position
+// is at least `oldest` (`first` then skips the leading slots that are
+// outside, all of them when slots are in position order, as token-level
+// eviction keeps them). Without a window: every visible slot.
+struct query_window {
+  std::int32_t first = 0;
+  bool by_position = false;
+  std::int64_t oldest = 0;
+  const std::int32_t* positions = nullptr;  // the (row, head)'s slots' positions
+
+  bool shows(std::int32_t t) const { return !by_position || positions[t] >= oldest; }
+};
+
+inline query_window window_of(const attention_options<memory_space::host>& options,
+                              const eviction_state<memory_space::host>& state, std::int32_t r, std::int32_t h,
+                              std::int32_t i) {
+  query_window w;
+  if (options.window_left < 0) return w;
+  if (options.window_left_unit == window_unit::slots) {
+    w.first = i > options.window_left ? i - options.window_left : 0;
+    return w;
+  }
+  w.by_position = true;
+  w.positions = state.positions + state.row_index(r, h, 0);
+  w.oldest = std::int64_t{w.positions[i]} - options.window_left;
+  while (w.first < i && w.positions[w.first] < w.oldest) ++w.first;
+  return w;
+}
+
 // observe_queries' work after validation and admission, for group x
 // head_dim and head_dim within the stack scratch: per (sequence, KV head,
 // query) the group's queries converted to float once, then the visible
@@ -601,7 +638,8 @@ inline void record_run(const Policy& policy, const eviction_state<memory_space::
 template <class Policy, class View, class Q>
 void observe_queries_blocked(const Policy& policy, const View& cache, const eviction_state<memory_space::host>& state,
                              const query_view<Q, memory_space::host>& queries, const lse_view<memory_space::host>& lse,
-                             float scale, std::int64_t first_unit, std::int64_t end_unit) {
+                             float scale, std::int64_t first_unit, std::int64_t end_unit,
+                             const attention_options<memory_space::host>& options) {
   using Gqa = typename Policy::gqa;
   constexpr std::int32_t tile = logit_tile;
   const std::int32_t d = cache.head_dim;
@@ -644,6 +682,10 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
     for (; u < n; ++u) keys.template operator()<1>(u);
   };
   const float zero[max_group_size] = {};
+  // Logits of the whole visible span, kept by the normaliser's pass for the
+  // probabilities' (tile k of the span at [k * group * tile]).
+  float kept[logit_cache_floats];
+  constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
   for (std::int64_t unit = first_unit; unit < end_unit; ++unit) {
     const auto b = static_cast<std::int32_t>(unit / cache.kv_heads);
     const auto h = static_cast<std::int32_t>(unit % cache.kv_heads);
@@ -654,19 +696,34 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
     const std::int64_t first_step = state.step[r] - q_len;  // the plan advanced it
     for (std::int32_t j = 0; j < q_len; ++j) {
       const std::int32_t visible = len - q_len + j + 1;
+      const query_window window = window_of(options, state, r, h, visible - 1);
+      const std::int32_t first = window.first;
       for (std::int32_t g = 0; g < group; ++g) {
         const Q* q = queries.row(b, h * group + g, j);
         for (std::int32_t x = 0; x < d; ++x) qf[g * d + x] = to_float(q[x]);
       }
+      // A tile's logits minus `shift`, keys outside a window by position at -inf.
+      const auto window_logits = [&](std::int32_t t0, std::int32_t n, const float* shift) {
+        tile_logits(b, h, t0, n, shift);
+        if (window.by_position)
+          for (std::int32_t u = 0; u < n; ++u)
+            if (!window.shows(t0 + u))
+              for (std::int32_t g = 0; g < group; ++g) z[g * tile + u] = minus_infinity;
+      };
+      const bool keep = !lse.present() && std::int64_t{(visible - first + tile - 1) / tile} * group * tile <=
+                                              logit_cache_floats;
       // Without the LSE: an online log-sum-exp per query head, a tile at a
       // time: the running sum is rescaled when the tile raises the maximum.
       query_normalisers(lse, b, h * group, group, j, norm, [&](float* run_max, float* run_sum) {
-        for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
+        for (std::int32_t t0 = first; t0 < visible; t0 += tile) {
           const std::int32_t n = std::min(tile, visible - t0);
-          tile_logits(b, h, t0, n, zero);
+          window_logits(t0, n, zero);
+          if (keep) std::memcpy(kept + static_cast<std::ptrdiff_t>((t0 - first) / tile) * group * tile, z,
+                                sizeof(float) * static_cast<std::size_t>(group * tile));
           for (std::int32_t g = 0; g < group; ++g) {
             float m = run_max[g];
             for (std::int32_t u = 0; u < n; ++u) m = std::max(m, z[g * tile + u]);
+            if (m == minus_infinity) continue;  // a tile the window hides whole: nothing to add
             if (m > run_max[g]) {
               run_sum[g] *= exp_approx(run_max[g] - m);
               run_max[g] = m;
@@ -676,9 +733,21 @@ void observe_queries_blocked(const Policy& policy, const View& cache, const evic
         }
       });
       const std::int64_t step = first_step + j;
-      for (std::int32_t t0 = 0; t0 < visible; t0 += tile) {
+      // Slots before the window: no attention, recorded as 0 (n stays the
+      // causal count, as observe_probabilities counts it).
+      for (std::int32_t t0 = 0; t0 < first; t0 += tile)
+        record_run(policy, state, r, h, t0, std::min(tile, first - t0), step, zero, visible);
+      for (std::int32_t t0 = first; t0 < visible; t0 += tile) {
         const std::int32_t n = std::min(tile, visible - t0);
-        tile_logits(b, h, t0, n, norm);
+        if (keep) {
+          // As computing them again: (x - 0) - norm == x - norm (the same bits
+          // unless the compiler contracts the recomputation to an FMA).
+          const float* from = kept + static_cast<std::ptrdiff_t>((t0 - first) / tile) * group * tile;
+          for (std::int32_t g = 0; g < group; ++g)
+            for (std::int32_t u = 0; u < tile; ++u) z[g * tile + u] = from[g * tile + u] - norm[g];
+        } else {
+          window_logits(t0, n, norm);
+        }
         if (n == tile) {
           // A whole tile: one flat loop the compiler vectorises.
           for (std::int32_t i = 0; i < group * tile; ++i) z[i] = exp_approx(z[i]);
@@ -763,7 +832,7 @@ template <class Policy, class View>
 auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache,
                                 eviction_state<memory_space::host> state, probability_view<memory_space::host> probs) {
   static_assert(View::space == memory_space::host, "host::observe_probabilities needs a host view");
-  validate_common(fn, policy, cache, state);
+  validate_common(fn, policy, cache, state, /*values=*/false);
   using Obs = typename Policy::observation;
   using Gqa = typename Policy::gqa;
   if constexpr (Obs::needs_attention) {
@@ -889,13 +958,14 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
       const std::int32_t visible = len - q_len + j + 1;
       const std::int32_t i = visible - 1;  // the query's own slot
       // The first slot the window lets the query see (0 without a window).
-      const std::int32_t first =
-          options.window_left >= 0 && i > options.window_left ? i - options.window_left : 0;
+      const query_window window = window_of(options, state, r, h, i);
+      const std::int32_t first = window.first;
       for (std::int32_t g = 0; g < group; ++g) q_rows[g] = queries.row(b, h * group + g, j);
       // Without the LSE: an online log-sum-exp per query head (running
       // max, sum rescaled when the max grows), one extra read of K.
       query_normalisers(lse, b, h * group, group, j, norm, [&](float* run_max, float* run_sum) {
         for (std::int32_t t = first; t < visible; ++t) {
+          if (!window.shows(t)) continue;
           group_logits(b, h, t);
           transform(h, t, i);
           for (std::int32_t g = 0; g < group; ++g) {
@@ -914,6 +984,10 @@ void observe_queries_unblocked(const Policy& policy, const View& cache, const ev
       const float nothing = 0.0f;
       for (std::int32_t t = 0; t < first; ++t) record_run(policy, state, r, h, t, 1, step, &nothing, visible);
       for (std::int32_t t = first; t < visible; ++t) {
+        if (!window.shows(t)) {
+          record_run(policy, state, r, h, t, 1, step, &nothing, visible);
+          continue;
+        }
         group_logits(b, h, t);
         transform(h, t, i);
         float acc = Gqa::identity();
@@ -934,7 +1008,7 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
   static_assert(is_quantized_view_v<View> || float_convertible<typename View::element_type>,
                 "specialise scissorhands::element_traits for the cache's element type");
   static_assert(float_convertible<Q>, "specialise scissorhands::element_traits for the query's element type");
-  validate_common(fn, policy, cache, state);
+  validate_common(fn, policy, cache, state, /*values=*/false);
   using Obs = typename Policy::observation;
   const std::int32_t d = cache.head_dim;
   if constexpr (Obs::needs_attention) {
@@ -954,6 +1028,9 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
             "must be finite and non-negative (0 means 1/sqrt(head_dim)), got ", softmax_scale);
     require(options.window_left >= -1, fn, "options.window_left",
             "must be -1 (no sliding window) or non-negative, got ", options.window_left);
+    require(options.window_left_unit == window_unit::slots || options.window_left_unit == window_unit::positions,
+            fn, "options.window_left_unit", "must be window_unit::slots or window_unit::positions, got ",
+            static_cast<int>(options.window_left_unit));
     require(std::isfinite(options.logits_soft_cap) && options.logits_soft_cap >= 0.0f, fn,
             "options.logits_soft_cap", "must be finite and non-negative (0: none), got ", options.logits_soft_cap);
     if (!options.alibi_slopes.empty()) {
@@ -1001,12 +1078,13 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
   return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
     if constexpr (Obs::needs_attention) {
       const std::int32_t group = queries.q_heads / cache.kv_heads;
-      if (!options.plain())
-        observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit, options);
-      else if (group * d <= query_scratch_floats && d <= key_scratch_floats)
-        observe_queries_blocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
+      // The blocked path serves plain attention and sliding windows; the
+      // per-logit transforms (soft cap, ALiBi) take the unblocked one.
+      const bool transformed = options.logits_soft_cap != 0.0f || !options.alibi_slopes.empty();
+      if (!transformed && group * d <= query_scratch_floats && d <= key_scratch_floats)
+        observe_queries_blocked(policy, cache, state, queries, lse, scale, first_unit, end_unit, options);
       else
-        observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit);
+        observe_queries_unblocked(policy, cache, state, queries, lse, scale, first_unit, end_unit, options);
     }
   }, units);
 }
@@ -1055,7 +1133,7 @@ auto plan_observe_queries(const Policy& policy, View cache, eviction_state<memor
                           query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                           float softmax_scale = 0.0f) {
   return plan_observe_queries(policy, cache, state, queries, lse,
-                              attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}});
+                              attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}, window_unit::slots});
 }
 template <class Policy, class View, class Q>
   requires composed_policy<Policy>
@@ -1074,7 +1152,7 @@ void observe_queries(const Policy& policy, View cache, eviction_state<memory_spa
                      query_view<Q, memory_space::host> queries, lse_view<memory_space::host> lse = {},
                      float softmax_scale = 0.0f) {
   observe_queries(policy, cache, state, queries, lse,
-                  attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}});
+                  attention_options<memory_space::host>{softmax_scale, -1, 0.0f, {}, window_unit::slots});
 }
 
 // For static observation policies: admit new tokens (observe_* do the same).
@@ -1082,7 +1160,7 @@ template <class Policy, class View>
   requires composed_policy<Policy>
 void admit(const Policy& policy, View cache, eviction_state<memory_space::host> state) {
   const char* fn = "host::admit";
-  detail::validate_common(fn, policy, cache, state);
+  detail::validate_common(fn, policy, cache, state, /*values=*/false);
   detail::validate_new_key_params<Policy>(fn, cache, state);
   detail::admit(policy, cache, state);
 }
