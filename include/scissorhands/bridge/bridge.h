@@ -87,6 +87,13 @@ struct settings {
 
 // ---- caches -----------------------------------------------------------------
 
+// An fp16 (IEEE binary16) cache element held as its bits, for engines whose
+// half type is a uint16_t (llama.cpp's ggml_fp16_t): cast the cache's
+// pointer to it. The library's scissorhands::fp16_bits on the C++20 side.
+struct fp16_bits {
+  std::uint16_t bits;
+};
+
 // Where row (sequence b, head h, slot t) starts, in elements; the head_dim
 // elements of a row are contiguous.
 struct kv_layout {
@@ -244,6 +251,26 @@ struct lse {
   }
 };
 
+// What a sliding window's width counts (attention::window_left_unit):
+// cache slots (FlashInfer, FlashAttention) or logical positions
+// (llama.cpp's mask, where eviction leaves holes between positions).
+enum class window_unit { slots, positions };
+
+// How the attention kernel formed its logits beyond plain causal softmax
+// (attention_options): the logit of the query at slot i against the key
+// at slot t is softmax_scale * q.k (+ alibi_slopes[qh] * (t - i)), soft-capped
+// when logits_soft_cap > 0, and keys outside a sliding window of
+// window_left (slots, or positions) get no attention. A model whose
+// kernel did any of these must say so, or its scores are plain softmax's.
+struct attention {
+  float softmax_scale = 0.0f;            // 0: 1/sqrt(head_dim)
+  std::int32_t window_left = -1;         // -1: no sliding window
+  window_unit window_left_unit = window_unit::slots;
+  float logits_soft_cap = 0.0f;          // 0: none
+  const float* alibi_slopes = nullptr;   // [q_heads]; null: no ALiBi
+  std::size_t alibi_slopes_size = 0;
+};
+
 // Attention probabilities, columns = cache slots, contiguous (probability_view).
 struct probabilities {
   const float* data = nullptr;
@@ -340,6 +367,21 @@ struct selection {
   std::int32_t* slots = nullptr;        // [batch * stride] token indices, ascending per sequence
   std::int32_t* cache_slots = nullptr;  // optional [batch * stride]: indices[...] * page_size + offset (the cell)
   compress_output out;                  // new_lengths [batch], freed_pages [batch] (both required)
+};
+
+// Each token's eviction score before the layers are combined
+// (partial_scores): value (layer l, sequence b, slot t) at
+// values[(l * batch + b) * capacity + t], capacity the state's; slots past
+// a sequence's length and sequences below the budget hold the head
+// reduction's identity. What select ranks, for an engine that compares or
+// all-reduces scores (tensor parallelism) before selecting.
+struct partial_scores {
+  float* values = nullptr;
+  std::size_t size = 0;        // floats at values (>= layers * batch * capacity)
+  std::int32_t layers = 0;
+  std::int32_t batch = 0;
+  std::int32_t capacity = 0;   // the state's shape.capacity
+  std::int32_t kv_heads = 0;   // KV heads of a layer over all ranks (the mean's divisor)
 };
 
 // A FlashInfer page table the engine owns and shrink_page_table rewrites.
@@ -441,6 +483,18 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
                                                 const ::scissorhands::bridge::queries<Element>& queries,              \
                                                 const ::scissorhands::bridge::lse& lse = {},                          \
                                                 float softmax_scale = 0.0f) noexcept;                                 \
+  ::scissorhands::bridge::error observe_queries(const ::scissorhands::bridge::settings& settings,                     \
+                                                const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
+                                                const ::scissorhands::bridge::state& state,                           \
+                                                const ::scissorhands::bridge::queries<Element>& queries,              \
+                                                const ::scissorhands::bridge::lse& lse,                               \
+                                                const ::scissorhands::bridge::attention& attention) noexcept;         \
+  ::scissorhands::bridge::error observe_queries(const ::scissorhands::bridge::settings& settings,                     \
+                                                const ::scissorhands::bridge::paged_cache<Element>& cache,            \
+                                                const ::scissorhands::bridge::state& state,                           \
+                                                const ::scissorhands::bridge::queries<Element>& queries,              \
+                                                const ::scissorhands::bridge::lse& lse,                               \
+                                                const ::scissorhands::bridge::attention& attention) noexcept;         \
   std::size_t compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache) noexcept;      \
   std::size_t compress_workspace_bytes(const ::scissorhands::bridge::paged_cache<Element>& cache) noexcept;           \
   std::size_t compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache,                \
@@ -479,6 +533,14 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
 //   make_model_state(buffer, bytes, shape, layers, &model)
 //   reset_state(model), reset_sequence(model, row, start_position)  every layer
 //   admit / observe_probabilities(settings, table, model.layer(l), ...)
+//   observe_queries(settings, keys, model.layer(l), queries, lse, attention)
+//                                                 a FlashAttention engine: the scores recomputed
+//                                                 from its queries and its K cells, as a page-size-1
+//                                                 paged_cache<float or fp16_bits> (cells as pages, the
+//                                                 same indptr/indices as the table; V may be absent:
+//                                                 v_pages null, v_size 0); queries fp32
+//   local_scores(settings, table, model, budget, partial)  each token's score per layer, before the
+//                                                 layers are combined (what select ranks)
 //   select_workspace_bytes(table, shape)          cannot fail
 //   select(settings, table, model, budget, workspace, workspace_bytes, selection, pinned_prefix)
 //   forget(settings, table, model.layer(l), selection)
@@ -504,6 +566,22 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
                                                       const ::scissorhands::bridge::token_table& table,                \
                                                       const ::scissorhands::bridge::state& state,                      \
                                                       const ::scissorhands::bridge::probabilities& probs) noexcept;    \
+  ::scissorhands::bridge::error observe_queries(const ::scissorhands::bridge::settings& settings,                      \
+                                                const ::scissorhands::bridge::paged_cache<float>& keys,                \
+                                                const ::scissorhands::bridge::state& state,                            \
+                                                const ::scissorhands::bridge::queries<float>& queries,                 \
+                                                const ::scissorhands::bridge::lse& lse,                                \
+                                                const ::scissorhands::bridge::attention& attention) noexcept;          \
+  ::scissorhands::bridge::error observe_queries(const ::scissorhands::bridge::settings& settings,                      \
+                                                const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& keys, \
+                                                const ::scissorhands::bridge::state& state,                            \
+                                                const ::scissorhands::bridge::queries<float>& queries,                 \
+                                                const ::scissorhands::bridge::lse& lse,                                \
+                                                const ::scissorhands::bridge::attention& attention) noexcept;          \
+  ::scissorhands::bridge::error local_scores(const ::scissorhands::bridge::settings& settings,                         \
+                                             const ::scissorhands::bridge::token_table& table,                         \
+                                             const ::scissorhands::bridge::model_state& model, std::int32_t budget,    \
+                                             const ::scissorhands::bridge::partial_scores& partial) noexcept;          \
   std::size_t select_workspace_bytes(const ::scissorhands::bridge::token_table& table,                                 \
                                      const ::scissorhands::bridge::state_shape& shape) noexcept;                       \
   ::scissorhands::bridge::error select(const ::scissorhands::bridge::settings& settings,                               \

@@ -20,9 +20,23 @@
 #include "../scissorhands.hpp"
 #include "bridge.h"
 
+// bridge::fp16_bits is the library's fp16_bits by another name (bridge.h
+// includes nothing of the library): the same bits, the same conversion.
+template <>
+struct scissorhands::element_traits<scissorhands::bridge::fp16_bits> {
+  static float to_float(scissorhands::bridge::fp16_bits h) {
+    return element_traits<scissorhands::fp16_bits>::to_float(scissorhands::fp16_bits{h.bits});
+  }
+};
+
 namespace scissorhands::bridge::detail {
 
 using scissorhands::detail::require;
+
+static_assert(sizeof(fp16_bits) == sizeof(scissorhands::fp16_bits) &&
+              alignof(fp16_bits) == alignof(scissorhands::fp16_bits));
+static_assert(static_cast<int>(window_unit::slots) == static_cast<int>(scissorhands::window_unit::slots) &&
+              static_cast<int>(window_unit::positions) == static_cast<int>(scissorhands::window_unit::positions));
 
 // The mirrors in bridge.h must follow the library; these trip when they drift.
 static_assert(static_cast<int>(error_code::ok) == static_cast<int>(scissorhands::error_code::ok) &&
@@ -169,6 +183,17 @@ query_view<T, memory_space::host> view_of(const queries<T>& q, std::int32_t batc
           per_sequence(q.qo_indptr, entries_plus_one(batch))};
 }
 
+inline attention_options<memory_space::host> view_of(const attention& a) {
+  attention_options<memory_space::host> o;
+  o.softmax_scale = a.softmax_scale;
+  o.window_left = a.window_left;
+  o.window_left_unit = static_cast<scissorhands::window_unit>(a.window_left_unit);
+  o.logits_soft_cap = a.logits_soft_cap;
+  // Null stays absent; a null pointer with a size is refused by the library.
+  o.alibi_slopes = host_span<const float>(a.alibi_slopes, a.alibi_slopes_size);
+  return o;
+}
+
 inline lse_view<memory_space::host> view_of(const lse& l, std::int32_t batch) {
   return {host_span<const float>(l.data, l.size),
           l.base == lse_base::base2     ? scissorhands::lse_base::base2
@@ -310,6 +335,17 @@ error observe_queries(const settings& s, const Cache& cache, const state& st, co
   });
 }
 
+// With the kernel's attention options; also the token-level entry point
+// (a page-size-1 paged cache over the engine's cells, any K element type).
+template <class Policy, class Cache, class Q>
+error observe_queries_with(const settings& s, const Cache& cache, const state& st, const queries<Q>& q, const lse& l,
+                           const attention& a) noexcept {
+  return guarded([&] {
+    host::observe_queries(policy_of<Policy>(s), view_of(cache), state_of("host::observe_queries", st, cache.batch),
+                          view_of(q, cache.batch), view_of(l, cache.batch), view_of(a));
+  });
+}
+
 template <class Cache>
 std::size_t compress_workspace_bytes(const Cache& cache) noexcept {
   return host::compress_workspace_bytes(view_of(cache));  // shape arithmetic only: cannot throw
@@ -381,6 +417,17 @@ error select(const settings& s, const token_table& table, const model_state& m, 
     host::select(policy_of<Policy>(s), view_of(table), model_of("host::select", m, table.batch), budget,
                  host_span<std::byte>(static_cast<std::byte*>(workspace), workspace_bytes),
                  selection_of(sel, table.batch), per_sequence(pinned_prefix, entries(table.batch)));
+  });
+}
+
+template <class Policy>
+error local_scores(const settings& s, const token_table& table, const model_state& m, std::int32_t budget,
+                   const partial_scores& p) noexcept {
+  return guarded([&] {
+    const scissorhands::partial_scores<memory_space::host> partial{host_span<float>(p.values, p.size), p.layers,
+                                                                   p.batch, p.capacity, p.kv_heads};
+    host::local_scores(policy_of<Policy>(s), view_of(table), model_of("host::local_scores", m, table.batch), budget,
+                       partial);
   });
 }
 
@@ -476,6 +523,18 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
       const ::scissorhands::bridge::lse& l, float softmax_scale) noexcept {                                            \
     return ::scissorhands::bridge::detail::observe_queries<ns::policy_type>(s, cache, st, q, l, softmax_scale);        \
   }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::contiguous_cache<Element>& cache,       \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<Element>& q,                      \
+      const ::scissorhands::bridge::lse& l, const ::scissorhands::bridge::attention& a) noexcept {                     \
+    return ::scissorhands::bridge::detail::observe_queries_with<ns::policy_type>(s, cache, st, q, l, a);               \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<Element>& cache,            \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<Element>& q,                      \
+      const ::scissorhands::bridge::lse& l, const ::scissorhands::bridge::attention& a) noexcept {                     \
+    return ::scissorhands::bridge::detail::observe_queries_with<ns::policy_type>(s, cache, st, q, l, a);               \
+  }                                                                                                                    \
   std::size_t ns::compress_workspace_bytes(const ::scissorhands::bridge::contiguous_cache<Element>& cache) noexcept {  \
     return ::scissorhands::bridge::detail::compress_workspace_bytes(cache);                                            \
   }                                                                                                                    \
@@ -559,6 +618,25 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
       const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::token_table& table,                     \
       const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::probabilities& probs) noexcept {          \
     return ::scissorhands::bridge::detail::observe_probabilities<ns::policy_type>(s, table, st, probs);                \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<float>& keys,               \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<float>& q,                        \
+      const ::scissorhands::bridge::lse& l, const ::scissorhands::bridge::attention& a) noexcept {                     \
+    return ::scissorhands::bridge::detail::observe_queries_with<ns::policy_type>(s, keys, st, q, l, a);                \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::observe_queries(                                                                   \
+      const ::scissorhands::bridge::settings& s,                                                                       \
+      const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& keys,                              \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::queries<float>& q,                        \
+      const ::scissorhands::bridge::lse& l, const ::scissorhands::bridge::attention& a) noexcept {                     \
+    return ::scissorhands::bridge::detail::observe_queries_with<ns::policy_type>(s, keys, st, q, l, a);                \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::local_scores(                                                                      \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::token_table& table,                     \
+      const ::scissorhands::bridge::model_state& model, std::int32_t budget,                                           \
+      const ::scissorhands::bridge::partial_scores& partial) noexcept {                                                \
+    return ::scissorhands::bridge::detail::local_scores<ns::policy_type>(s, table, model, budget, partial);            \
   }                                                                                                                    \
   std::size_t ns::select_workspace_bytes(const ::scissorhands::bridge::token_table& table,                             \
                                          const ::scissorhands::bridge::state_shape& shape) noexcept {                  \
