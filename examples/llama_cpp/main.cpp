@@ -33,8 +33,17 @@ struct common_options {
   std::string model_path;
   std::int32_t threads = 1;
   std::string scores = "all";
+  std::string flash_attn = "auto";
   std::vector<std::int32_t> global_layers;
 };
+
+// --flash-attn as llama.cpp's context takes it: auto (llama.cpp's default,
+// on for the CPU too) and on score from the queries, off from llama.cpp's
+// probabilities (the reference path).
+llama_flash_attn_type flash_of(const std::string& s) {
+  return s == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                                                : LLAMA_FLASH_ATTN_TYPE_AUTO;
+}
 
 // A subcommand with the options every one takes.
 CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& what, common_options& c) {
@@ -47,6 +56,11 @@ CLI::App* add_command(CLI::App& parent, const std::string& name, const std::stri
       ->check(CLI::IsMember({"all", "global"}));
   app->add_option("--global-layers", c.global_layers,
                   "sliding-window models: the full-attention layers (default: llama.cpp's layout for gemma2/gemma3)");
+  app->add_option("--flash-attn", c.flash_attn,
+                  "llama.cpp's flash attention: auto (its default: on), on (scores from the queries and the K cells), "
+                  "off (scores from llama.cpp's probabilities, the reference)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   return app;
 }
 
@@ -214,7 +228,8 @@ std::vector<text> load_texts(llama_model* model, const std::vector<std::string>&
   // Sampled texts: temperature 1, top-p 0.9 from BOS, full cache, seed + k.
   for (std::int32_t k = 0; k < samples; ++k) {
     if (length <= 1) throw std::invalid_argument("--samples needs --length above 1");
-    llama_context* ctx = make_context(model, length, 1, threads, nullptr);
+    // Flash attention off, as the texts sampled for the measurements so far were.
+    llama_context* ctx = make_context(model, length, 1, threads, nullptr, false, LLAMA_FLASH_ATTN_TYPE_DISABLED);
     llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
     llama_sampler_chain_add(sampler, llama_sampler_init_top_p(0.9f, 1));
     llama_sampler_chain_add(sampler, llama_sampler_init_temp(1.0f));
@@ -308,6 +323,7 @@ int evaluate(const evaluate_options& o) {
     run.scores = scores_of(o.common.scores);
     run.global_layers = o.common.global_layers;
     run.f32_cache = o.f32_cache;
+    run.flash_attn = flash_of(o.common.flash_attn);
     std::vector<run_result> runs(texts.size());
     std::atomic<std::size_t> next{0};
     const auto work = [&] {
@@ -437,12 +453,17 @@ int check_reads(const check_options& o) {
     run.scores = scores_of(o.common.scores);
     run.global_layers = o.common.global_layers;
     run.keep_logits = true;
+    run.flash_attn = flash_of(o.common.flash_attn);
     const run_result stock = run_text(model.model, t.tokens, method_of("full", {}), run);
     run_options with = run;
     const run_result glue = run_text(model.model, t.tokens, method_of(o.policy, {}), with);
     if (!stock.error.empty() || !glue.error.empty())
       throw std::runtime_error(t.name + ": " + stock.error + glue.error);
     if (glue.evicted != 0) throw std::runtime_error("the glue evicted below a budget above the text");
+    if (glue.flash_attention != (run.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED ? 0 : 1))
+      throw std::runtime_error(std::string("the glue observed ") +
+                               (glue.flash_attention == 1 ? "flash attention's queries" : "llama.cpp's probabilities") +
+                               " with --flash-attn " + o.common.flash_attn);
     compared += static_cast<std::int64_t>(stock.logits.size());
     checks += glue.mask_checks;
     for (std::size_t i = 0; i < stock.logits.size() && i < glue.logits.size(); ++i)
@@ -452,7 +473,8 @@ int check_reads(const check_options& o) {
     std::cout << t.name << ": " << t.tokens.size() << " tokens, " << stock.logits.size()
               << " logits compared, NLL " << fixed(stock.nll(), 6) << " / " << fixed(glue.nll(), 6) << "\n";
   }
-  std::cout << "reads only (" << o.policy << ", observing " << o.common.scores << " layers, " << checks
+  std::cout << "reads only (" << o.policy << ", flash attention " << o.common.flash_attn << ", observing "
+            << o.common.scores << " layers, " << checks
             << " mask checks): " << compared - differ << " of " << compared << " logits identical bit for bit\n";
   return differ == 0 ? 0 : 1;
 }
@@ -614,7 +636,8 @@ int generate(const generate_options& o) {
                                 std::to_string(budget));
   eviction_glue glue(model.model, how.policy, settings, options);
   if (!glue.ok()) throw std::runtime_error(glue.error());
-  llama_context* ctx = make_context(model.model, o.n_ctx, 1, o.common.threads, &glue);
+  llama_context* ctx = make_context(model.model, o.n_ctx, 1, o.common.threads, &glue, false,
+                                    flash_of(o.common.flash_attn));
   if (ctx == nullptr || !glue.attach(ctx)) throw std::runtime_error("context: " + glue.error());
   llama_sampler* sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
   llama_sampler_chain_add(sampler, llama_sampler_init_top_k(40));
@@ -634,6 +657,7 @@ int generate(const generate_options& o) {
     for (llama_token t : feed) {  // the prompt one token a step too (one ubatch of 1)
       set_batch(batch, &t, 1, n_past, 0);
       const auto d = std::chrono::steady_clock::now();
+      if (!glue.before_decode(batch)) throw std::runtime_error(glue.error());
       const int rc = llama_decode(ctx, batch);
       if (rc != 0) {
         ++failures;
@@ -662,7 +686,8 @@ int generate(const generate_options& o) {
             << llama_n_ctx(ctx) << " cells, budget " << budget << ", policy " << o.policy << ": peak " << peak
             << " cells, " << over_budget << " steps above the budget, " << failures << " decode failures, "
             << glue.evicted() << " evicted, newest position " << n_past - 1
-            << (positions_true ? " (true)" : " (WRONG)") << ", " << glue.mask_checks() << " mask checks; "
+            << (positions_true ? " (true)" : " (WRONG)") << ", " << glue.mask_checks() << " mask checks, scores from "
+            << (glue.flash_attention() == 1 ? "flash attention's queries" : "llama.cpp's probabilities") << "; "
             << fixed(n_past / decode_seconds, 1) << " tokens/s, library " << fixed(100 * glue.library_seconds() / decode_seconds, 2)
             << "% of the step (glue in all, callbacks and checks included: "
             << fixed(100 * (glue.callback_seconds() + glue.evict_seconds()) / decode_seconds, 2) << "%), removal " << fixed(1e6 * glue.removal_seconds() / std::max<double>(1, static_cast<double>(glue.evicted())), 2)
@@ -709,7 +734,8 @@ int speed(const speed_options& o) {
       glue = std::make_unique<eviction_glue>(model.model, how.policy, settings, options);
       if (!glue->ok()) throw std::runtime_error(glue->error());
     }
-    llama_context* ctx = make_context(model.model, n_ctx, prompt_chunk, o.common.threads, glue.get());
+    llama_context* ctx =
+        make_context(model.model, n_ctx, prompt_chunk, o.common.threads, glue.get(), false, flash_of(o.common.flash_attn));
     if (ctx == nullptr || (glue && !glue->attach(ctx))) throw std::runtime_error("context: " + (glue ? glue->error() : ""));
     llama_batch batch = llama_batch_init(prompt_chunk, 0, 1);
     double decode = 0.0, glue_before = 0.0, library_before = 0.0;
@@ -726,6 +752,7 @@ int speed(const speed_options& o) {
       const std::int32_t count = timed ? 1 : std::min(prompt_chunk, o.budget - at);
       set_batch(batch, t.data() + at, count, at, count - 1);
       const auto start = std::chrono::steady_clock::now();
+      if (glue && !glue->before_decode(batch)) throw std::runtime_error(glue->error());
       if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed");
       if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());
       if (timed) decode += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -749,6 +776,311 @@ int speed(const speed_options& o) {
     llama_free(ctx);
   }
   return 0;
+}
+
+// ---- interleave -------------------------------------------------------------------
+
+struct interleave_options {
+  common_options common;
+  policy_overrides overrides;
+  std::vector<std::string> text_files, token_files;
+  std::int32_t length = 0, chunk = 16, budget = 64, sequences = 4;
+  std::string policy = "scissorhands", cache = "both";
+  double tolerance = 1e-4;
+};
+
+// Several texts decoded interleaved in one context (each llama_decode
+// carrying a step of every sequence), against each text run alone: the
+// same positions evicted and each text's NLL within --tolerance. Texts
+// beyond --sequences restart a sequence a finished text ended.
+int interleave(const interleave_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, o.token_files, 0, o.length, o.common.threads, 1);
+  const method how = method_of(o.policy, o.overrides);
+  if (how.type != method::kind::library) throw std::invalid_argument("interleave: --policy must be a library preset");
+  run_options run;
+  run.threads = o.common.threads;
+  run.chunk = o.chunk;
+  run.budget = o.budget;
+  run.scores = scores_of(o.common.scores);
+  run.global_layers = o.common.global_layers;
+  run.flash_attn = flash_of(o.common.flash_attn);
+  run.record_evictions = true;
+  std::vector<std::vector<llama_token>> tokens;
+  std::vector<run_result> alone;
+  for (const auto& t : texts) {
+    tokens.push_back(t.tokens);
+    alone.push_back(run_text(model.model, t.tokens, how, run));
+    if (!alone.back().error.empty()) throw std::runtime_error(t.name + " alone: " + alone.back().error);
+  }
+  bool good = true;
+  for (const bool unified : {true, false}) {
+    if ((unified && o.cache == "streams") || (!unified && o.cache == "unified")) continue;
+    const interleaved_result r = run_interleaved(model.model, tokens, how, run, o.sequences, unified);
+    if (!r.error.empty()) throw std::runtime_error(std::string(unified ? "unified" : "streams") + ": " + r.error);
+    double worst = 0.0;
+    std::int64_t same = 0, evictions = 0;
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      const double diff = std::fabs(r.texts[i].nll() - alone[i].nll());
+      worst = std::max(worst, diff);
+      const auto& a = alone[i].evicted_positions;
+      const auto& b = r.texts[i].evicted_positions;
+      // Positions evicted by both, in the same order (the same eviction).
+      std::int64_t matched = 0;
+      for (std::size_t k = 0; k < std::min(a.size(), b.size()); ++k) matched += a[k] == b[k];
+      same += matched;
+      evictions += static_cast<std::int64_t>(std::max(a.size(), b.size()));
+      std::cout << (unified ? "unified" : "streams") << " " << texts[i].name << ": NLL alone " << fixed(alone[i].nll(), 6)
+                << ", interleaved " << fixed(r.texts[i].nll(), 6) << " (|diff| " << std::scientific
+                << std::setprecision(2) << diff << std::defaultfloat << "), " << b.size() << " evicted, " << matched
+                << " at the same positions, peak " << r.texts[i].peak_cells << " cells\n";
+      good = good && diff <= o.tolerance && r.texts[i].peak_cells <= o.budget && r.texts[i].predictions == alone[i].predictions;
+    }
+    const double share = evictions > 0 ? 100.0 * static_cast<double>(same) / static_cast<double>(evictions) : 100.0;
+    std::cout << (unified ? "unified cache" : "one stream per sequence") << ": " << texts.size() << " texts in "
+              << o.sequences << " sequences (" << r.restarts << " restarts), " << r.decodes
+              << " llama_decode calls, flash attention " << o.common.flash_attn << ": largest NLL difference "
+              << std::scientific << std::setprecision(2) << worst << std::defaultfloat << ", " << same << " of "
+              << evictions << " evictions at the same positions (" << fixed(share, 2) << "%), "
+              << fixed(r.seconds, 1) << " s\n";
+    good = good && share >= 99.0;
+  }
+  return good ? 0 : 1;
+}
+
+// ---- agree --------------------------------------------------------------------------
+
+struct agree_options {
+  common_options common;
+  policy_overrides overrides;
+  std::vector<std::string> text_files, token_files;
+  std::int32_t length = 0, chunk = 32;
+  std::vector<std::int32_t> budgets{64};
+  std::string policy = "scissorhands";
+  double min_agreement = 99.0;
+};
+
+// The flash-attention path's observation against the kq_soft_max path's,
+// on the same cache: two contexts of the same model (flash attention off
+// and on) run the text in lockstep under the decode protocol; at every
+// eviction both glues choose, their eviction scores (per layer, before the
+// layers are combined) are compared, and the reference's choice (flash
+// attention off) is removed from both, so they keep holding the same
+// positions. Exit 1 when fewer than --min-agreement % of the evictions agree.
+int agree(const agree_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, o.token_files, 0, o.length, o.common.threads, 1);
+  const method how = method_of(o.policy, o.overrides);
+  if (how.type != method::kind::library) throw std::invalid_argument("agree: --policy must be a library preset");
+  const std::int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
+  double worst = 0.0, sum_diff = 0.0, top_score = 0.0, nll[2] = {0.0, 0.0};
+  std::int64_t compared = 0, evictions = 0, agreed = 0, predictions = 0;
+  for (const auto& t : texts)
+    for (std::int32_t budget : o.budgets) {
+      const auto total = static_cast<std::int32_t>(t.tokens.size());
+      bridge::settings settings = how.settings;
+      settings.evict_count = o.chunk;
+      glue_options options;
+      options.budget = budget;
+      options.max_step_tokens = o.chunk;
+      options.scores = scores_of(o.common.scores);
+      options.global_layers = o.common.global_layers;
+      std::unique_ptr<eviction_glue> glue[2];
+      llama_context* ctx[2] = {nullptr, nullptr};
+      for (int path = 0; path < 2; ++path) {
+        options.source = path == 0 ? attention_source::probabilities : attention_source::queries;
+        glue[path] = std::make_unique<eviction_glue>(model.model, how.policy, settings, options);
+        if (!glue[path]->ok()) throw std::runtime_error(glue[path]->error());
+        ctx[path] = make_context(model.model, budget + o.chunk, o.chunk, o.common.threads, glue[path].get());
+        if (ctx[path] == nullptr || !glue[path]->attach(ctx[path]))
+          throw std::runtime_error("context: " + glue[path]->error());
+      }
+      llama_batch batch = llama_batch_init(o.chunk, 0, 1);
+      for (std::int32_t at = 0; at < total;) {
+        std::int32_t count = std::min(o.chunk, total - at);
+        if (at < budget) count = std::min(count, budget - at);
+        set_batch(batch, t.tokens.data() + at, count, at, 0);
+        for (int path = 0; path < 2; ++path) {
+          if (!glue[path]->before_decode(batch) || llama_decode(ctx[path], batch) != 0 || !glue[path]->after_decode())
+            throw std::runtime_error(t.name + ": " + glue[path]->error());
+          for (std::int32_t j = 0; j < count && at + j + 1 < total; ++j) {
+            nll[path] += negative_log_prob(llama_get_logits_ith(ctx[path], j), vocab,
+                                           t.tokens[static_cast<std::size_t>(at + j + 1)]);
+            predictions += path;
+          }
+        }
+        at += count;
+        std::vector<std::vector<llama_pos>> chosen[2];
+        std::vector<float> scores[2];
+        std::vector<llama_seq_id> seqs[2];
+        for (int path = 0; path < 2; ++path)
+          if (!glue[path]->choose(&chosen[path]) || !glue[path]->eviction_scores(&scores[path], &seqs[path]))
+            throw std::runtime_error(t.name + ": " + glue[path]->error());
+        if (scores[0].size() != scores[1].size()) throw std::runtime_error("the two paths hold different sequences");
+        for (std::size_t i = 0; i < scores[0].size(); ++i) {
+          const double d = std::fabs(static_cast<double>(scores[0][i]) - scores[1][i]);
+          worst = std::max(worst, d);
+          top_score = std::max(top_score, std::fabs(static_cast<double>(scores[0][i])));
+          sum_diff += d;
+        }
+        compared += static_cast<std::int64_t>(scores[0].size());
+        const auto& a = chosen[0][0];
+        const auto& b = chosen[1][0];
+        for (llama_pos p : a) agreed += std::binary_search(b.begin(), b.end(), p);
+        evictions += static_cast<std::int64_t>(a.size());
+        for (int path = 0; path < 2; ++path)
+          if (!glue[path]->evict_positions(chosen[0])) throw std::runtime_error(t.name + ": " + glue[path]->error());
+      }
+      llama_batch_free(batch);
+      for (int path = 0; path < 2; ++path) {
+        if (glue[path]->flash_attention() != path)
+          throw std::runtime_error("the glue did not observe through the path asked for");
+        llama_free(ctx[path]);
+      }
+    }
+  const double share = evictions > 0 ? 100.0 * static_cast<double>(agreed) / static_cast<double>(evictions) : 100.0;
+  std::cout << "agree (" << o.policy << ", " << texts.size() << " texts, budgets";
+  for (std::int32_t b : o.budgets) std::cout << " " << b;
+  std::cout << ", steps of " << o.chunk << "): eviction scores on the same cache, flash attention on against off: "
+            << "largest difference " << std::scientific << std::setprecision(3) << worst << " (largest score "
+            << top_score << "), mean " << (compared > 0 ? sum_diff / static_cast<double>(compared) : 0.0)
+            << std::defaultfloat << " over " << compared << " scores; " << agreed << " of " << evictions
+            << " evictions chose the same positions (" << fixed(share, 2) << "%); NLL off "
+            << fixed(nll[0] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6) << ", on "
+            << fixed(nll[1] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6) << "\n";
+  return share >= o.min_agreement ? 0 : 1;
+}
+
+// ---- check-refusals -----------------------------------------------------------------
+
+struct refusals_options {
+  common_options common;
+};
+
+// Engine mistakes the glue must refuse with a message naming them, nothing
+// evicted: each case prints its message; exit 1 when one is accepted or its
+// message misses what it should name.
+int check_refusals(const refusals_options& o) {
+  model_handle model(o.common.model_path);
+  const preset* policy = find_preset("scissorhands");
+  bridge::settings settings;
+  if (!policy->default_settings(&settings).ok()) throw std::runtime_error("default_settings");
+  std::int32_t failures = 0, cases = 0;
+  const auto expect = [&](const std::string& what, bool refused, const std::string& message, const char* names) {
+    ++cases;
+    const bool named = message.find(names) != std::string::npos;
+    std::cout << (refused && named ? "refused: " : "NOT REFUSED AS EXPECTED: ") << what << ": " << message << "\n";
+    failures += !(refused && named);
+  };
+  // A context with two sequences, eviction at 32 cells, steps of 4.
+  const auto make = [&](glue_options options, bool configure, bool unified, ggml_type type_k,
+                        llama_flash_attn_type flash) {
+    auto glue = std::make_unique<eviction_glue>(model.model, policy, settings, options);
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = 512;
+    params.n_batch = params.n_ubatch = 64;
+    params.n_threads = params.n_threads_batch = o.common.threads;
+    params.n_seq_max = static_cast<std::uint32_t>(options.sequences);
+    params.kv_unified = unified;
+    params.type_k = type_k;
+    params.flash_attn_type = flash;
+    params.no_perf = true;
+    if (configure) glue->configure(params);
+    llama_context* ctx = llama_init_from_model(model.model, params);
+    return std::make_pair(std::move(glue), ctx);
+  };
+  glue_options base;
+  base.budget = 32;
+  base.max_step_tokens = 4;
+  base.sequences = 2;
+  const llama_token bos = llama_vocab_bos(llama_model_get_vocab(model.model));
+  llama_batch batch = llama_batch_init(16, 0, 1);
+  const auto fill = [&](std::initializer_list<std::pair<llama_seq_id, llama_pos>> tokens) {
+    batch.n_tokens = 0;
+    for (const auto& [seq, pos] : tokens) {
+      const std::int32_t i = batch.n_tokens++;
+      batch.token[i] = bos;
+      batch.pos[i] = pos;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = seq;
+      batch.logits[i] = 1;
+    }
+  };
+  {
+    auto [glue, ctx] = make(base, true, true, GGML_TYPE_F16, flash_of(o.common.flash_attn));
+    if (ctx == nullptr || !glue->attach(ctx)) throw std::runtime_error("context: " + glue->error());
+    fill({{2, 0}});
+    expect("a sequence id at n_seq_max", !glue->before_decode(batch), glue->error(), "sequence id 2 is outside [0, 2)");
+    llama_free(ctx);
+  }
+  {
+    auto [glue, ctx] = make(base, true, true, GGML_TYPE_F16, flash_of(o.common.flash_attn));
+    if (ctx == nullptr || !glue->attach(ctx)) throw std::runtime_error("context: " + glue->error());
+    fill({{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}});
+    expect("five tokens of one sequence in a step of 4", !glue->before_decode(batch), glue->error(), "max_step_tokens");
+    llama_free(ctx);
+  }
+  {
+    auto [glue, ctx] = make(base, true, true, GGML_TYPE_F16, flash_of(o.common.flash_attn));
+    if (ctx == nullptr || !glue->attach(ctx)) throw std::runtime_error("context: " + glue->error());
+    fill({{0, 0}, {0, 2}});
+    expect("a position gap", !glue->before_decode(batch), glue->error(), "has position 2, not the next one, 1");
+    llama_free(ctx);
+  }
+  {
+    // llama_memory_seq_cp: sequence 1 shares sequence 0's cells behind the glue.
+    auto [glue, ctx] = make(base, true, true, GGML_TYPE_F16, flash_of(o.common.flash_attn));
+    if (ctx == nullptr || !glue->attach(ctx)) throw std::runtime_error("context: " + glue->error());
+    fill({{0, 0}, {0, 1}});
+    if (!glue->before_decode(batch) || llama_decode(ctx, batch) != 0 || !glue->after_decode())
+      throw std::runtime_error("seq_cp case: " + glue->error());
+    llama_memory_seq_cp(llama_get_memory(ctx), 0, 1, -1, -1);
+    fill({{0, 2}, {1, 2}});
+    const bool refused = !glue->before_decode(batch);
+    expect("llama_memory_seq_cp (parallel sampling)", refused, glue->error(), "llama_memory_seq_cp");
+    expect("nothing evicted after the refusals", glue->evicted() == 0 && glue->held(0) == 2,
+           "held " + std::to_string(glue->held(0)) + " cells, evicted " + std::to_string(glue->evicted()), "held 2");
+    llama_free(ctx);
+  }
+  {
+    auto [glue, ctx] = make(base, false, true, GGML_TYPE_F16, flash_of(o.common.flash_attn));
+    expect("a context created without configure()", ctx != nullptr && !glue->attach(ctx), glue->error(),
+           "configure()");
+    if (ctx != nullptr) llama_free(ctx);
+  }
+  {
+    // Refused by configure(), before llama.cpp creates the context.
+    auto [glue, ctx] = make(base, true, true, GGML_TYPE_Q8_0, LLAMA_FLASH_ATTN_TYPE_ENABLED);
+    expect("a q8_0 K cache with flash attention", !glue->ok() && (ctx == nullptr || !glue->attach(ctx)),
+           glue->error(), "K cache type is q8_0");
+    if (ctx != nullptr) llama_free(ctx);
+  }
+  {
+    // The state's budget below the recent window plus the step.
+    glue_options small = base;
+    small.budget = 8;
+    bridge::settings wide = settings;
+    wide.recent = 8;
+    wide.evict_count = 4;
+    auto glue = std::make_unique<eviction_glue>(model.model, policy, wide, small);
+    expect("a budget of 8 below the recent window (8) plus the step (4)", !glue->ok(), glue->error(), "budget");
+  }
+  {
+    glue_options many = base;
+    many.sequences = 2;
+    auto glue = std::make_unique<eviction_glue>(model.model, policy, settings, many);
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = 512;
+    params.n_seq_max = 2;
+    glue->configure(params);
+    params.n_seq_max = 3;  // changed after configure
+    llama_context* ctx = llama_init_from_model(model.model, params);
+    expect("n_seq_max changed after configure()", ctx != nullptr && !glue->attach(ctx), glue->error(), "n_seq_max = 3");
+    if (ctx != nullptr) llama_free(ctx);
+  }
+  llama_batch_free(batch);
+  std::cout << "check-refusals: " << cases - failures << " of " << cases << " refused with a message naming the mistake\n";
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -831,6 +1163,40 @@ int main(int argc, char** argv) {
   s->add_option("-n,--tokens", sp.tokens, "decode steps timed")->capture_default_str();
   s->add_option("--policy", sp.policy, preset_names())->capture_default_str();
 
+  interleave_options il;
+  auto* i = add_command(app, "interleave",
+                        "several texts decoded interleaved in one context against each alone: same evictions, same NLL",
+                        il.common);
+  add_overrides(i, il.overrides);
+  i->add_option("--text", il.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
+  i->add_option("--tokens", il.token_files, "token-id files")->check(CLI::ExistingFile);
+  i->add_option("--length", il.length, "tokens per text (cut)");
+  i->add_option("--chunk", il.chunk, "tokens per sequence per llama_decode (m)")->capture_default_str()->check(CLI::Range(1, 4096));
+  i->add_option("--budget", il.budget, "cells per sequence")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  i->add_option("--sequences", il.sequences, "sequences in the context (n_seq_max)")->capture_default_str()->check(CLI::Range(1, 64));
+  i->add_option("--policy", il.policy, preset_names())->capture_default_str();
+  i->add_option("--cache", il.cache, "unified (one cache), streams (one per sequence) or both")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"unified", "streams", "both"}));
+  i->add_option("--tolerance", il.tolerance, "largest NLL difference allowed")->capture_default_str();
+
+  agree_options ag;
+  auto* a = add_command(app, "agree",
+                        "flash attention's observation against llama.cpp's probabilities on the same cache", ag.common);
+  add_overrides(a, ag.overrides);
+  a->add_option("--text", ag.text_files, "UTF-8 text files")->check(CLI::ExistingFile);
+  a->add_option("--tokens", ag.token_files, "token-id files")->check(CLI::ExistingFile);
+  a->add_option("--length", ag.length, "tokens per text (cut)");
+  a->add_option("--chunk", ag.chunk, "tokens per llama_decode (m)")->capture_default_str()->check(CLI::Range(1, 4096));
+  a->add_option("--budgets", ag.budgets, "budgets in cells")->capture_default_str();
+  a->add_option("--policy", ag.policy, preset_names())->capture_default_str();
+  a->add_option("--min-agreement", ag.min_agreement, "% of evictions that must choose the same positions")
+      ->capture_default_str();
+
+  refusals_options rf;
+  auto* r = add_command(app, "check-refusals", "engine mistakes the glue refuses with a message, nothing evicted",
+                        rf.common);
+
   CLI11_PARSE(app, argc, argv);
   llama_backend_init();
   llama_log_set([](ggml_log_level level, const char* text, void*) {
@@ -843,6 +1209,9 @@ int main(int argc, char** argv) {
     if (*p) rc = persistence(pe);
     if (*g) rc = generate(gen);
     if (*s) rc = speed(sp);
+    if (*i) rc = interleave(il);
+    if (*a) rc = agree(ag);
+    if (*r) rc = check_refusals(rf);
     llama_backend_free();
     return rc;
   } catch (const std::exception& ex) {

@@ -90,13 +90,13 @@ void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count
 }
 
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
-                            eviction_glue* glue, bool f32_cache) {
+                            eviction_glue* glue, bool f32_cache, llama_flash_attn_type flash_attn) {
   llama_context_params params = llama_context_default_params();
   params.n_ctx = static_cast<std::uint32_t>(n_ctx);
-  params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(ubatch);
+  params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(ubatch);  // one ubatch per llama_decode
   params.n_threads = params.n_threads_batch = threads;
   params.n_seq_max = 1;
-  params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // the same kernels with and without the glue
+  params.flash_attn_type = flash_attn;  // the same kernels with and without the glue
   params.no_perf = true;
   if (f32_cache) params.type_k = params.type_v = GGML_TYPE_F32;
   if (glue != nullptr) glue->configure(params);
@@ -131,6 +131,7 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     options.global_layers = run.global_layers;
     options.observe_from = std::max(observe_from, 0);
     options.on_attention = run.on_attention;
+    options.record_evictions = run.record_evictions;
     glue = std::make_unique<eviction_glue>(model, library ? how.policy : nullptr, settings, options);
     if (!glue->ok()) {
       result.error = glue->error();
@@ -140,7 +141,8 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
   // The full cache (and every prefill run) holds the whole text; context
   // shift and the library hold the budget (llama.cpp pads n_ctx to 256).
   const std::int32_t n_ctx = (how.type == method::kind::full || prefill) ? total : run.budget;
-  llama_context* ctx = make_context(model, std::max(n_ctx, run.chunk), run.chunk, run.threads, glue.get(), run.f32_cache);
+  llama_context* ctx = make_context(model, std::max(n_ctx, run.chunk), run.chunk, run.threads, glue.get(), run.f32_cache,
+                                    run.flash_attn);
   if (ctx == nullptr) {
     result.error = "llama_init_from_model failed";
     return result;
@@ -178,6 +180,10 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
         reuse ? count - 1 : prefill && !run.keep_logits ? std::max(0, run.prompt - 1 - at) : 0;
     set_batch(batch, tokens.data() + at, count, n_past, first_logit);
     const auto decode_start = clock_type::now();
+    if (glue && !glue->before_decode(batch)) {
+      result.error = glue->error();
+      break;
+    }
     const int rc = llama_decode(ctx, batch);
     result.decode_seconds += seconds_since(decode_start);
     if (rc != 0 || (glue && !glue->after_decode())) {
@@ -219,6 +225,151 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
     result.removal_seconds = glue->removal_seconds();
     result.callback_seconds = glue->callback_seconds();
     result.evict_seconds = glue->evict_seconds();
+    result.evicted_positions = glue->evicted_positions();
+    result.flash_attention = glue->flash_attention();
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+interleaved_result run_interleaved(llama_model* model, const std::vector<std::vector<llama_token>>& texts,
+                                   const method& how, const run_options& run, std::int32_t sequences, bool unified) {
+  interleaved_result result;
+  const auto start = clock_type::now();
+  if (how.type != method::kind::library) {
+    result.error = "run_interleaved: a library preset only";
+    return result;
+  }
+  if (run.prompt > 0) {
+    result.error = "run_interleaved: the decode protocol only";
+    return result;
+  }
+  const std::int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  bridge::settings settings = how.settings;
+  settings.evict_count = run.chunk;
+  if (how.recent_percent >= 0.0)
+    settings.recent = static_cast<std::int32_t>(std::lround(how.recent_percent / 100.0 * run.budget));
+  glue_options options;
+  options.budget = run.budget;
+  options.max_step_tokens = run.chunk;
+  options.sequences = sequences;
+  options.scores = run.scores;
+  options.global_layers = run.global_layers;
+  options.record_evictions = true;
+  eviction_glue glue(model, how.policy, settings, options);
+  if (!glue.ok()) {
+    result.error = glue.error();
+    return result;
+  }
+  llama_context_params params = llama_context_default_params();
+  const std::int32_t capacity = run.budget + run.chunk - 1;
+  // Cells for every sequence (llama.cpp splits n_ctx between the streams).
+  params.n_ctx = static_cast<std::uint32_t>(sequences * ((capacity + 255) / 256 * 256));
+  params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(sequences * run.chunk);
+  params.n_threads = params.n_threads_batch = run.threads;
+  params.flash_attn_type = run.flash_attn;
+  params.kv_unified = unified;
+  params.no_perf = true;
+  if (run.f32_cache) params.type_k = params.type_v = GGML_TYPE_F32;
+  glue.configure(params);
+  llama_context* ctx = llama_init_from_model(model, params);
+  if (ctx == nullptr || !glue.attach(ctx)) {
+    result.error = ctx == nullptr ? "llama_init_from_model failed" : glue.error();
+    if (ctx != nullptr) llama_free(ctx);
+    return result;
+  }
+  result.texts.resize(texts.size());
+  // Per sequence: the text it runs (-1: idle) and how far it is.
+  std::vector<std::int32_t> text_of(static_cast<std::size_t>(sequences), -1), at(static_cast<std::size_t>(sequences), 0);
+  std::size_t next_text = 0;
+  llama_batch batch = llama_batch_init(sequences * run.chunk, 0, 1);
+  struct token_ref {
+    std::int32_t text, index;  // the logit at this batch row predicts tokens[index + 1] of the text
+  };
+  std::vector<token_ref> rows;
+  for (;;) {
+    // Idle sequences take the next texts (a finished one was ended).
+    for (llama_seq_id s = 0; s < sequences; ++s) {
+      auto& mine = text_of[static_cast<std::size_t>(s)];
+      if (mine >= 0 && at[static_cast<std::size_t>(s)] >= static_cast<std::int32_t>(texts[static_cast<std::size_t>(mine)].size())) {
+        if (!glue.end_sequence(s)) {
+          result.error = glue.error();
+          break;
+        }
+        mine = -1;
+        ++result.restarts;
+      }
+      if (mine < 0 && next_text < texts.size()) {
+        mine = static_cast<std::int32_t>(next_text++);
+        at[static_cast<std::size_t>(s)] = 0;
+      }
+    }
+    if (!result.error.empty()) break;
+    // One step of every running text: run_text's decode steps (the step
+    // that reaches the budget ends at it).
+    batch.n_tokens = 0;
+    rows.clear();
+    for (llama_seq_id s = 0; s < sequences; ++s) {
+      const std::int32_t t = text_of[static_cast<std::size_t>(s)];
+      if (t < 0) continue;
+      const auto& tokens = texts[static_cast<std::size_t>(t)];
+      const std::int32_t from = at[static_cast<std::size_t>(s)];
+      std::int32_t count = std::min(run.chunk, static_cast<std::int32_t>(tokens.size()) - from);
+      if (from < run.budget) count = std::min(count, run.budget - from);
+      for (std::int32_t j = 0; j < count; ++j) {
+        const std::int32_t i = batch.n_tokens++;
+        batch.token[i] = tokens[static_cast<std::size_t>(from + j)];
+        batch.pos[i] = from + j;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = s;
+        batch.logits[i] = 1;
+        rows.push_back({t, from + j});
+      }
+      at[static_cast<std::size_t>(s)] += count;
+    }
+    if (batch.n_tokens == 0) break;  // every text done
+    if (!glue.before_decode(batch)) {
+      result.error = glue.error();
+      break;
+    }
+    const int rc = llama_decode(ctx, batch);
+    ++result.decodes;
+    if (rc != 0 || !glue.after_decode()) {
+      result.error = !glue.ok() ? glue.error() : "llama_decode returned " + std::to_string(rc);
+      break;
+    }
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& tokens = texts[static_cast<std::size_t>(rows[i].text)];
+      const auto next = static_cast<std::size_t>(rows[i].index + 1);
+      if (next >= tokens.size()) continue;
+      run_result& r = result.texts[static_cast<std::size_t>(rows[i].text)];
+      r.nll_sum += negative_log_prob(llama_get_logits_ith(ctx, static_cast<std::int32_t>(i)), vocab, tokens[next]);
+      ++r.predictions;
+    }
+    for (llama_seq_id s = 0; s < sequences; ++s) {
+      const std::int32_t t = text_of[static_cast<std::size_t>(s)];
+      if (t >= 0) result.texts[static_cast<std::size_t>(t)].peak_cells =
+                      std::max(result.texts[static_cast<std::size_t>(t)].peak_cells, glue.held(s));
+    }
+    // The evictions of this step, per text: the log grows at the back.
+    std::vector<std::size_t> logged(static_cast<std::size_t>(sequences));
+    for (llama_seq_id s = 0; s < sequences; ++s) logged[static_cast<std::size_t>(s)] = glue.evicted_positions(s).size();
+    if (!glue.evict()) {
+      result.error = glue.error();
+      break;
+    }
+    for (llama_seq_id s = 0; s < sequences; ++s) {
+      const std::int32_t t = text_of[static_cast<std::size_t>(s)];
+      if (t < 0) continue;
+      const auto& log = glue.evicted_positions(s);
+      auto& mine = result.texts[static_cast<std::size_t>(t)];
+      mine.evicted_positions.insert(mine.evicted_positions.end(),
+                                    log.begin() + static_cast<std::ptrdiff_t>(logged[static_cast<std::size_t>(s)]),
+                                    log.end());
+      mine.evicted = static_cast<std::int64_t>(mine.evicted_positions.size());
+    }
   }
   llama_batch_free(batch);
   llama_free(ctx);

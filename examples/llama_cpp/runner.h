@@ -31,6 +31,11 @@ struct run_options {
   std::vector<std::int32_t> global_layers;
   bool keep_logits = false;      // keep every logit row (the reads-only check)
   bool f32_cache = false;        // K and V cached as F32 (llama.cpp's default: F16)
+  // Flash attention as llama.cpp's context takes it: AUTO (its default: on,
+  // the CPU included) or ENABLED scores from the queries, DISABLED from
+  // llama.cpp's probabilities (the reference path).
+  llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
+  bool record_evictions = false; // keep the evicted positions (run_result::evicted_positions)
   // Decode protocol, bounded methods: the full cache's NLL of each token
   // (run_result::token_nll of its run on the same text). The predictions made
   // before the first eviction (or context shift) are the full cache's own
@@ -54,6 +59,8 @@ struct run_result {
   std::vector<float> logits;     // keep_logits: [token][vocab]
   std::vector<double> token_nll; // [t]: NLL of token t where it was predicted (computed or reused), else 0
   std::int64_t reused = 0;       // predictions taken from run_options::full_nll
+  std::vector<llama_pos> evicted_positions;  // record_evictions: in eviction order
+  int flash_attention = -1;      // the path the glue observed: 1 flash attention, 0 probabilities, -1 none
   std::string error;             // non-empty: the run stopped
   double nll() const { return predictions > 0 ? nll_sum / static_cast<double>(predictions) : 0.0; }
 };
@@ -72,14 +79,30 @@ run_result run_text(llama_model* model, const std::vector<llama_token>& tokens, 
 // random logits.
 double negative_log_prob(const float* logits, std::int32_t vocab, llama_token target);
 
+// Several texts in one context, one sequence each (run_interleaved): every
+// llama_decode carries the next step of every text still running, the
+// steps of run_text's decode protocol; one evict() after it serves all of
+// them. A text that ends frees its sequence (end_sequence) and the next
+// text starts in it, so texts beyond `sequences` restart sequences.
+// `unified`: one cache for all sequences (kv_unified), else one stream each.
+struct interleaved_result {
+  std::vector<run_result> texts;  // per text: nll_sum, predictions, peak_cells, evicted, evicted_positions
+  std::int64_t decodes = 0, restarts = 0;
+  double seconds = 0.0;
+  std::string error;
+};
+interleaved_result run_interleaved(llama_model* model, const std::vector<std::vector<llama_token>>& texts,
+                                   const method& how, const run_options& run, std::int32_t sequences, bool unified);
+
 // Fills `batch` with tokens[0..count) of seq 0 at positions first.., with
 // logits for tokens first_logit.. and the last one.
 void set_batch(llama_batch& batch, const llama_token* tokens, std::int32_t count, llama_pos first,
                std::int32_t first_logit);
 
-// A context for `n_ctx` cells with flash attention off; the glue's callback
-// when given.
+// A context for `n_ctx` cells (flash attention as given); the glue's
+// callback when given (configure() may override flash attention).
 llama_context* make_context(llama_model* model, std::int32_t n_ctx, std::int32_t ubatch, std::int32_t threads,
-                            eviction_glue* glue, bool f32_cache = false);
+                            eviction_glue* glue, bool f32_cache = false,
+                            llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO);
 
 }  // namespace sh_llama

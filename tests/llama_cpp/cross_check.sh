@@ -5,7 +5,10 @@
 # NLL must agree within 1e-3 nats with llama.cpp's default F16 K/V cache, and
 # within 1e-5 with an F32 one (the F16 rounding of K and V is the whole gap;
 # examples/llama caches fp32). Decode protocol, one token a step, m = 1;
-# then the prefill protocol on stories260K (below).
+# then the prefill protocol on stories260K (below). Flash attention off:
+# llama.cpp's flash-attention kernel casts an F32 cache to F16 and
+# accumulates V in F16, so only the probabilities path computes in F32
+# (the flash-attention path is checked against it by run.sh flash).
 set -euo pipefail
 lc=$1 ll=$2 models=$3 out=$4
 status=0 ran=0
@@ -14,9 +17,9 @@ for spec in stories260K:256:64 tinystories656k:256:64 babyllama105:200:48; do
   model=$models/$name.gguf
   if [ ! -f "$model" ]; then echo "note: $model not found, skipped"; continue; fi
   dir=$out/cross_$name; rm -rf "$dir"; mkdir -p "$dir"
-  "$lc" evaluate --model "$model" --samples 2 --length "$length" --save-tokens "$dir" \
+  "$lc" evaluate --model "$model" --samples 2 --length "$length" --save-tokens "$dir" --flash-attn off \
     --policies streaming --budget-tokens "$budget" --chunk 1 --csv "$dir/llamacpp.csv" >"$dir/llamacpp.log" 2>&1
-  "$lc" evaluate --model "$model" --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens --f32-cache \
+  "$lc" evaluate --model "$model" --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens --f32-cache --flash-attn off \
     --policies streaming --budget-tokens "$budget" --chunk 1 --csv "$dir/llamacpp_f32.csv" >"$dir/llamacpp_f32.log" 2>&1
   "$ll" --model "$model" --threads 1 evaluate --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens \
     --policies streaming --budgets "$budget" --csv "$dir/llama.csv" --no-plot >"$dir/llama.log" 2>&1
@@ -50,6 +53,7 @@ done
 dir=$out/cross_stories260K
 if [ -f "$dir/sample1.tokens" ]; then
   "$lc" evaluate --model "$models/stories260K.gguf" --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens --f32-cache \
+    --flash-attn off \
     --protocol prefill --budget-tokens 64 --policies scissorhands h2o snapkv --csv "$dir/prefill_llamacpp.csv" \
     >"$dir/prefill_llamacpp.log" 2>&1
   "$ll" --model "$models/stories260K.gguf" --threads 1 evaluate --tokens "$dir"/sample1.tokens "$dir"/sample2.tokens \

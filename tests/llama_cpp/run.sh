@@ -11,14 +11,48 @@ text=/usr/share/common-licenses/GPL-3
 case "$mode" in
   check-reads)
     # Every logit of the glue's run (observing every layer, never evicting)
-    # equals the stock run's; chunks of 32 and of 1 token per decode.
+    # equals the stock run's; chunks of 32 and of 1 token per decode; with
+    # flash attention as llama.cpp defaults it (on: the scores recomputed
+    # from the queries) and off (llama.cpp's probabilities).
     "$bin" check-reads --model "$model" --text "$text" --length 300 --chunk 32
-    "$bin" check-reads --model "$model" --text "$text" --length 64 --chunk 1 ;;
+    "$bin" check-reads --model "$model" --text "$text" --length 64 --chunk 1
+    "$bin" check-reads --model "$model" --text "$text" --length 300 --chunk 32 --flash-attn off ;;
   generate)
     # n_ctx 256 cells serving 1,000 generated tokens: no decode failure, never
     # above the budget, true positions (the program's exit status says so).
     "$bin" generate --model "$model" --ctx 256 -n 1000 --quiet
-    "$bin" generate --model "$model" --ctx 256 -n 300 --quiet --policy h2o ;;
+    "$bin" generate --model "$model" --ctx 256 -n 300 --quiet --policy h2o
+    "$bin" generate --model "$model" --ctx 256 -n 300 --quiet --flash-attn off ;;
+  flash)
+    # Flash attention's observation (recomputed from the queries and the K
+    # cells) against llama.cpp's probabilities on the same cache: at least
+    # 99% of the evictions choose the same positions.
+    for policy in scissorhands tova h2o; do
+      "$bin" agree --model "$model" --text "$text" /usr/share/common-licenses/Apache-2.0 --length 400 \
+        --budgets 64 128 --chunk 8 --policy "$policy" --min-agreement 99
+    done ;;
+  sequences)
+    # Five texts interleaved in four sequences of one context (each
+    # llama_decode carries a step of every sequence; the fifth text restarts
+    # a sequence the first one ended) against each text alone: the same
+    # positions evicted (>= 99%) and each text's NLL within the tolerance.
+    # One stream per sequence: llama.cpp computes exactly as alone. The
+    # unified cache: within 1e-4 with flash attention off; with it on,
+    # llama.cpp's CPU kernel accumulates V in fp16 in cell order, and the
+    # cells of a sequence lie in another order than alone once evictions
+    # freed some, so its logits move by up to ~3e-4 (a policy whose choice
+    # depends on no score, streaming, shows it): 1e-3 there, and TOVA's
+    # continuous scores make the same choices.
+    texts=("$text" /usr/share/common-licenses/GPL-2 /usr/share/common-licenses/Apache-2.0
+           /usr/share/common-licenses/MPL-1.1 /usr/share/common-licenses/LGPL-2.1)
+    args=(interleave --model "$model" --text "${texts[@]}" --length 400 --budget 64 --chunk 8 --sequences 4)
+    "$bin" "${args[@]}" --cache streams --tolerance 0
+    "$bin" "${args[@]}" --cache both --flash-attn off --tolerance 1e-4
+    "$bin" "${args[@]}" --cache unified --policy tova --tolerance 1e-3
+    "$bin" "${args[@]}" --cache unified --policy streaming --tolerance 1e-3 ;;
+  refusals)
+    # Engine mistakes refused with a message naming them, nothing evicted.
+    "$bin" check-refusals --model "$model" ;;
   settings)
     # A preset with settings in its name runs as set and is labelled so; a
     # bad setting is refused before any run, naming the setting and its bounds.

@@ -26,10 +26,12 @@ SCISSORHANDS_BRIDGE_DEFINE_TOKEN_LEVEL(
 namespace sh_llama {
 namespace {
 
+// observe_queries is overloaded on the K element type: each pointer picks one.
 #define SH_LLAMA_PRESET(label, ns)                                                                             \
   preset {                                                                                                     \
     label, &ns::default_settings, &ns::make_state_shape, &ns::model_state_bytes, &ns::make_model_state,         \
-        &ns::reset_state, &ns::observe_probabilities, &ns::select_workspace_bytes, &ns::select, &ns::forget     \
+        &ns::reset_state, &ns::reset_sequence, &ns::observe_probabilities, &ns::observe_queries, &ns::observe_queries,               \
+        &ns::local_scores, &ns::select_workspace_bytes, &ns::select, &ns::forget                                \
   }
 
 const preset presets[] = {

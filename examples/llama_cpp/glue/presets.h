@@ -3,6 +3,8 @@
 // cells per sequence for every layer and head, as llama.cpp's cells need),
 // seen from C++17 through the bridge. presets.cpp, the one C++20
 // translation unit, defines them; everything else includes only this header.
+// Each preset observes either llama.cpp's probabilities (flash attention
+// off) or its queries against the K cells (flash attention on).
 #include <scissorhands/bridge/bridge.h>
 
 SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(sh_llama::scissorhands_default);  // scissorhands_policy (the library's default)
@@ -31,8 +33,19 @@ struct preset {
   bridge::error (*make_model_state)(void*, std::size_t, const bridge::state_shape&, std::int32_t,
                                     bridge::model_state*) noexcept;
   bridge::error (*reset_state)(const bridge::model_state&) noexcept;
+  bridge::error (*reset_sequence)(const bridge::model_state&, std::int32_t, std::int32_t) noexcept;
   bridge::error (*observe_probabilities)(const bridge::settings&, const bridge::token_table&, const bridge::state&,
                                          const bridge::probabilities&) noexcept;
+  // Flash attention: the scores recomputed from the queries and the K cells
+  // (F32 or F16 cache).
+  bridge::error (*observe_queries_f32)(const bridge::settings&, const bridge::paged_cache<float>&,
+                                       const bridge::state&, const bridge::queries<float>&, const bridge::lse&,
+                                       const bridge::attention&) noexcept;
+  bridge::error (*observe_queries_f16)(const bridge::settings&, const bridge::paged_cache<bridge::fp16_bits>&,
+                                       const bridge::state&, const bridge::queries<float>&, const bridge::lse&,
+                                       const bridge::attention&) noexcept;
+  bridge::error (*local_scores)(const bridge::settings&, const bridge::token_table&, const bridge::model_state&,
+                                std::int32_t, const bridge::partial_scores&) noexcept;
   std::size_t (*select_workspace_bytes)(const bridge::token_table&, const bridge::state_shape&) noexcept;
   bridge::error (*select)(const bridge::settings&, const bridge::token_table&, const bridge::model_state&,
                           std::int32_t, void*, std::size_t, const bridge::selection&, const std::int32_t*) noexcept;
