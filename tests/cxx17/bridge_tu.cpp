@@ -68,6 +68,24 @@ bool reference_step(const layer_memory& layer, const float* queries, std::size_t
   });
 }
 
+bool reference_observe_with(const layer_memory& layer, const float* queries, std::size_t queries_size,
+                            const std::int32_t* qo_indptr, const scissorhands::bridge::attention& options) noexcept {
+  return report("observe_queries with options", [&] {
+    sh::attention_options<sh::memory_space::host> o;
+    o.softmax_scale = options.softmax_scale;
+    o.window_left = options.window_left;
+    o.window_left_unit = options.window_left_unit == scissorhands::bridge::window_unit::positions
+                             ? sh::window_unit::positions
+                             : sh::window_unit::slots;
+    o.logits_soft_cap = options.logits_soft_cap;
+    if (options.alibi_slopes != nullptr) o.alibi_slopes = {options.alibi_slopes, options.alibi_slopes_size};
+    sh::host::observe_queries(reference_policy(), reference_cache(layer), reference_state(layer),
+                              sh::query_view<float, sh::memory_space::host>::ragged(
+                                  {queries, queries_size}, {qo_indptr, batch + 1}, q_heads, head_dim),
+                              sh::lse_view<sh::memory_space::host>{}, o);
+  });
+}
+
 bool reference_shrink(std::int32_t* indptr, std::int32_t* indices, std::int32_t* last_page_len,
                       const std::int32_t* new_lengths, std::int32_t* released, std::size_t* released_count) noexcept {
   return report("shrink", [&] {

@@ -285,6 +285,37 @@ void run_paged_scenario() {
   }
   check(evictions >= 10 && released_total > 0, "the scenario evicted and released pages");
 
+  // observe_queries with the kernel's attention options: a sliding window
+  // of 3 slots gives the C++20 API's state bytes, and not plain softmax's
+  // (a copy observed with attention{}).
+  {
+    const std::vector<std::int32_t> qo_indptr{0, 1, 2, 3, 3};  // each live sequence's last token
+    std::vector<float> queries(std::size_t{3} * q_heads * head_dim);
+    for (float& x : queries) x = values.next();
+    const auto q = api::queries::ragged(queries.data(), queries.size(), qo_indptr.data(), q_heads, head_dim);
+    br::attention window;
+    window.window_left = 3;
+    window.window_left_unit = br::window_unit::slots;
+    layer plain(bytes);
+    plain.k = bridged.k;
+    plain.indptr = bridged.indptr;
+    plain.indices = bridged.indices;
+    plain.last_page_len = bridged.last_page_len;
+    std::memcpy(plain.state.data, bridged.state.data, bytes);
+    br::state plain_state = state;
+    plain_state.buffer = plain.state.data;
+    check_ok(api::observe_queries(s, bridged.cache(), state, q, br::lse{}, window),
+             "observe_queries with a window in slots");
+    check(reference_observe_with(reference.memory(), queries.data(), queries.size(), qo_indptr.data(), window),
+          "reference observe_queries with a window in slots");
+    check(std::memcmp(bridged.state.data, reference.state.data, bytes) == 0,
+          "observe_queries with a window in slots: state agrees with the C++20 API");
+    check_ok(api::observe_queries(s, plain.cache(), plain_state, q, br::lse{}, br::attention{}),
+             "observe_queries with plain attention");
+    check(std::memcmp(bridged.state.data, plain.state.data, bytes) != 0,
+          "observe_queries: the window changes the state (the options reach the library)");
+  }
+
   // ---- bad input: an error naming the argument, nothing written ----------
   const br::paged_cache<float> cache = bridged.cache();
   std::vector<std::int32_t> qo_indptr{0, 1, 2, 3, 3};

@@ -67,6 +67,10 @@ bool reference_reset(const layer_memory& layer) noexcept;
 bool reference_step(const layer_memory& layer, const float* queries, std::size_t queries_size, const float* lse2,
                     std::size_t lse_size, const std::int32_t* qo_indptr, std::int32_t* new_lengths,
                     std::int32_t* freed_pages) noexcept;
+// observe_queries alone with the kernel's attention options (the bridge's
+// descriptor, converted field by field) and no LSE, on the layer's copy.
+bool reference_observe_with(const layer_memory& layer, const float* queries, std::size_t queries_size,
+                            const std::int32_t* qo_indptr, const scissorhands::bridge::attention& options) noexcept;
 bool reference_shrink(std::int32_t* indptr, std::int32_t* indices, std::int32_t* last_page_len,
                       const std::int32_t* new_lengths, std::int32_t* released, std::size_t* released_count) noexcept;
 // State bytes the library's own make_state_shape + state_bytes give.

@@ -21,6 +21,7 @@ inline constexpr std::int32_t cells = 96;
 inline constexpr std::int32_t budget = 16;
 inline constexpr std::int32_t max_step_tokens = 4;
 inline constexpr std::int32_t capacity = budget + max_step_tokens - 1;  // state_capacity_for
+inline constexpr std::int32_t head_dim = 8;  // the K cells and queries of the observe_queries variant
 // On top of the policy's defaults (with_granularity<scissorhands_policy, shared_layers<>>).
 inline constexpr std::int32_t evict_count = 2;
 inline constexpr std::int32_t sinks = 1;
@@ -45,6 +46,24 @@ struct selection_memory {
   std::int32_t* freed_pages;
 };
 
+// One layer's observe_queries inputs, as raw pointers: the engine's K cells
+// ([cell][kv_head][head_dim], page size 1, the step's table as the page
+// table; exactly one of the two pools given), its ragged queries
+// [token][q_head][head_dim], and its natural-base LSE [token][q_head] (null:
+// none). V is absent. The attention options as the bridge's descriptor;
+// the C++20 TU converts them field by field.
+struct query_memory {
+  float* keys_f32;
+  scissorhands::bridge::fp16_bits* keys_f16;  // IEEE binary16 bits (the library's fp16_bits)
+  std::size_t keys_size;                      // elements
+  const float* queries;
+  std::size_t queries_size;
+  const std::int32_t* qo_indptr;  // [batch + 1]
+  const float* lse;
+  std::size_t lse_size;
+  scissorhands::bridge::attention options;
+};
+
 // The C++20 TU's direct calls into scissorhands::host on a token_table_view.
 // Each returns false (after printing the message) if it threw.
 std::size_t reference_model_bytes() noexcept;
@@ -54,6 +73,9 @@ bool reference_reset_sequence(void* model, std::size_t bytes, std::int32_t row, 
 bool reference_admit(const step_memory& step, std::int32_t layer) noexcept;
 bool reference_observe(const step_memory& step, std::int32_t layer, const float* probs, std::size_t size,
                        const std::int32_t* qo_indptr, std::int32_t columns) noexcept;
+bool reference_observe_queries(const step_memory& step, std::int32_t layer, const query_memory& q) noexcept;
+// local_scores into values[layers * batch * capacity] (kv_heads: this model's).
+bool reference_local_scores(const step_memory& step, float* values, std::size_t size) noexcept;
 bool reference_select(const step_memory& step, void* workspace, std::size_t workspace_bytes,
                       const selection_memory& out, const std::int32_t* pinned_prefix) noexcept;
 bool reference_forget(const step_memory& step, std::int32_t layer, const selection_memory& selection) noexcept;

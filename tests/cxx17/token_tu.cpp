@@ -40,6 +40,26 @@ sh::model_state<host> model_of(const step_memory& s) {
   return model_of(s.model, s.model_bytes).for_batch({s.state_rows, batch});
 }
 
+// The engine's K cells as the library's own paged view (page size 1, the
+// step's table, V absent), K as float or the library's fp16_bits.
+template <class T>
+sh::host_paged_kv_view<T> keys_of(const step_memory& s, T* pool, std::size_t size) {
+  return sh::make_paged_kv_view<T, host>({pool, size}, {}, {s.indptr, batch + 1}, {s.indices, cells},
+                                         {s.last_page_len, batch}, batch, kv_heads, head_dim, 1, cells, capacity);
+}
+
+// The bridge's attention descriptor as the library's options, field by field.
+sh::attention_options<host> options_of(const scissorhands::bridge::attention& a) {
+  sh::attention_options<host> o;
+  o.softmax_scale = a.softmax_scale;
+  o.window_left = a.window_left;
+  o.window_left_unit = a.window_left_unit == scissorhands::bridge::window_unit::positions ? sh::window_unit::positions
+                                                                                          : sh::window_unit::slots;
+  o.logits_soft_cap = a.logits_soft_cap;
+  if (a.alibi_slopes != nullptr) o.alibi_slopes = {a.alibi_slopes, a.alibi_slopes_size};
+  return o;
+}
+
 sh::eviction_selection<host> selection_of(const selection_memory& m) {
   const std::size_t all = std::size_t{batch} * static_cast<std::size_t>(m.stride);
   return {m.stride,
@@ -80,6 +100,31 @@ bool reference_observe(const step_memory& step, std::int32_t layer, const float*
     sh::host::observe_probabilities(
         reference_policy(), table_of(step), model_of(step).layer(layer),
         sh::probability_view<host>::ragged({probs, size}, {qo_indptr, batch + 1}, q_heads, columns));
+  });
+}
+
+bool reference_observe_queries(const step_memory& step, std::int32_t layer, const query_memory& q) noexcept {
+  return report("observe_queries", [&] {
+    const sh::host_span<const std::int32_t> qo(q.qo_indptr, batch + 1);
+    const auto queries = sh::query_view<float, host>::ragged({q.queries, q.queries_size}, qo, q_heads, head_dim);
+    const auto lse = q.lse != nullptr
+                         ? sh::lse_view<host>::ragged({q.lse, q.lse_size}, qo, q_heads, sh::lse_base::natural)
+                         : sh::lse_view<host>{};
+    const auto state = model_of(step).layer(layer);
+    if (q.keys_f32 != nullptr)
+      sh::host::observe_queries(reference_policy(), keys_of(step, q.keys_f32, q.keys_size), state, queries, lse,
+                                options_of(q.options));
+    else
+      sh::host::observe_queries(reference_policy(),
+                                keys_of(step, reinterpret_cast<sh::fp16_bits*>(q.keys_f16), q.keys_size), state,
+                                queries, lse, options_of(q.options));
+  });
+}
+
+bool reference_local_scores(const step_memory& step, float* values, std::size_t size) noexcept {
+  return report("local_scores", [&] {
+    sh::host::local_scores(reference_policy(), table_of(step), model_of(step), budget,
+                           sh::partial_scores<host>{{values, size}, layers, batch, capacity, kv_heads});
   });
 }
 

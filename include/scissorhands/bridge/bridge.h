@@ -366,7 +366,7 @@ struct selection {
   std::int32_t* counts = nullptr;       // [batch] slots evicted from sequence b
   std::int32_t* slots = nullptr;        // [batch * stride] token indices, ascending per sequence
   std::int32_t* cache_slots = nullptr;  // optional [batch * stride]: indices[...] * page_size + offset (the cell)
-  compress_output out;                  // new_lengths [batch], freed_pages [batch] (both required)
+  compress_output out;                  // new_lengths [batch] (required), freed_pages [batch] (optional at page size 1)
 };
 
 // Each token's eviction score before the layers are combined
