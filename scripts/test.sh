@@ -18,7 +18,7 @@ llama_cpp=()
 install=${SCISSORHANDS_LLAMA_CPP_INSTALL:-0}
 how=--if-installed
 [ "$install" = 1 ] && how=
-if prefix=$(SCISSORHANDS_GEMMA=0 bash scripts/setup_llama_cpp.sh $how | sed -n 's/^prefix=//p') && [ -n "$prefix" ]; then
+if prefix=$(SCISSORHANDS_GEMMA=0 SCISSORHANDS_SMOLLM2=0 bash scripts/setup_llama_cpp.sh $how | sed -n 's/^prefix=//p') && [ -n "$prefix" ]; then
   llama_cpp=(-DSCISSORHANDS_LLAMA_CPP_PREFIX="$prefix")
 elif [ "$install" = 1 ]; then
   echo "== WARNING: llama-cpp-python==0.3.36 could not be installed: the llama.cpp integration is NOT tested" >&2
