@@ -860,21 +860,83 @@ struct agree_options {
   double min_agreement = 99.0;
 };
 
+// Two observations of the same positions compared at every eviction: their
+// eviction scores (per layer, before the layers are combined) and the
+// positions each would evict.
+struct comparison {
+  double worst = 0.0, sum = 0.0, top = 0.0;
+  std::int64_t compared = 0, evictions = 0, agreed = 0, ties = 0;
+
+  // reference / other: scores [layer][slot] (one sequence) and choices;
+  // `held`: the positions both hold, slot order.
+  void add(const std::vector<float>& reference, const std::vector<float>& other, const std::vector<llama_pos>& a,
+           const std::vector<llama_pos>& b, const std::vector<llama_pos>& held, std::int32_t layers) {
+    for (std::size_t i = 0; i < reference.size() && i < other.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(reference[i]) - other[i]);
+      worst = std::max(worst, d);
+      top = std::max(top, std::fabs(static_cast<double>(reference[i])));
+      sum += d;
+    }
+    compared += static_cast<std::int64_t>(reference.size());
+    for (llama_pos p : a) agreed += std::binary_search(b.begin(), b.end(), p);
+    evictions += static_cast<std::int64_t>(a.size());
+    if (a.empty() || layers <= 0) return;
+    // Ties: a position only the other chose whose reference score (summed
+    // over the layers, as the layers' mean ranks) equals that of a position
+    // only the reference chose: the reference's choice among equals fell
+    // to age.
+    const std::size_t capacity = reference.size() / static_cast<std::size_t>(layers);
+    const auto score = [&](llama_pos p) {
+      const auto slot = static_cast<std::size_t>(std::lower_bound(held.begin(), held.end(), p) - held.begin());
+      double total = 0.0;
+      for (std::int32_t l = 0; l < layers; ++l) total += reference[static_cast<std::size_t>(l) * capacity + slot];
+      return total;
+    };
+    for (llama_pos p : b) {
+      if (std::binary_search(a.begin(), a.end(), p)) continue;
+      for (llama_pos q : a)
+        if (!std::binary_search(b.begin(), b.end(), q) && score(q) == score(p)) {
+          ++ties;
+          break;
+        }
+    }
+  }
+  double share() const {
+    return evictions > 0 ? 100.0 * static_cast<double>(agreed) / static_cast<double>(evictions) : 100.0;
+  }
+  double untied() const {
+    return evictions - ties > 0 ? 100.0 * static_cast<double>(agreed) / static_cast<double>(evictions - ties) : 100.0;
+  }
+  std::string text() const {
+    std::ostringstream o;
+    o << "largest score difference " << std::scientific << std::setprecision(3) << worst << " (largest score " << top
+      << "), mean " << (compared > 0 ? sum / static_cast<double>(compared) : 0.0) << std::defaultfloat << " over "
+      << compared << " scores; " << agreed << " of " << evictions << " evictions chose the same positions ("
+      << fixed(share(), 2) << "%; " << ties << " differ only among tokens the reference scored equal: "
+      << fixed(untied(), 2) << "% of the others)";
+    return o.str();
+  }
+};
+
 // The flash-attention path's observation against the kq_soft_max path's,
-// on the same cache: two contexts of the same model (flash attention off
-// and on) run the text in lockstep under the decode protocol; at every
-// eviction both glues choose, their eviction scores (per layer, before the
-// layers are combined) are compared, and the reference's choice (flash
-// attention off) is removed from both, so they keep holding the same
-// positions. Exit 1 when fewer than --min-agreement % of the evictions agree.
+// twice. Same inputs: one context with flash attention off; every layer is
+// observed from llama.cpp's probabilities and, into a shadow state, from
+// the queries and K cells its softmax came from (the flash-attention
+// path's code). Two contexts: flash attention off and on, run in lockstep,
+// each observing its own attention. Both under the decode protocol; at
+// every eviction the reference (flash attention off, probabilities)
+// chooses and its choice is removed everywhere, so all hold the same
+// positions. Exit 1 when fewer than --min-agreement % of the same-inputs
+// evictions agree, ties aside.
 int agree(const agree_options& o) {
   model_handle model(o.common.model_path);
   const auto texts = load_texts(model.model, o.text_files, o.token_files, 0, o.length, o.common.threads, 1);
   const method how = method_of(o.policy, o.overrides);
   if (how.type != method::kind::library) throw std::invalid_argument("agree: --policy must be a library preset");
   const std::int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.model));
-  double worst = 0.0, sum_diff = 0.0, top_score = 0.0, nll[2] = {0.0, 0.0};
-  std::int64_t compared = 0, evictions = 0, agreed = 0, predictions = 0;
+  comparison same, paths;
+  double nll[2] = {0.0, 0.0};
+  std::int64_t predictions = 0;
   for (const auto& t : texts)
     for (std::int32_t budget : o.budgets) {
       const auto total = static_cast<std::int32_t>(t.tokens.size());
@@ -889,6 +951,7 @@ int agree(const agree_options& o) {
       llama_context* ctx[2] = {nullptr, nullptr};
       for (int path = 0; path < 2; ++path) {
         options.source = path == 0 ? attention_source::probabilities : attention_source::queries;
+        options.shadow_queries = path == 0;
         glue[path] = std::make_unique<eviction_glue>(model.model, how.policy, settings, options);
         if (!glue[path]->ok()) throw std::runtime_error(glue[path]->error());
         ctx[path] = make_context(model.model, budget + o.chunk, o.chunk, o.common.threads, glue[path].get());
@@ -910,24 +973,19 @@ int agree(const agree_options& o) {
           }
         }
         at += count;
-        std::vector<std::vector<llama_pos>> chosen[2];
-        std::vector<float> scores[2];
-        std::vector<llama_seq_id> seqs[2];
-        for (int path = 0; path < 2; ++path)
-          if (!glue[path]->choose(&chosen[path]) || !glue[path]->eviction_scores(&scores[path], &seqs[path]))
-            throw std::runtime_error(t.name + ": " + glue[path]->error());
-        if (scores[0].size() != scores[1].size()) throw std::runtime_error("the two paths hold different sequences");
-        for (std::size_t i = 0; i < scores[0].size(); ++i) {
-          const double d = std::fabs(static_cast<double>(scores[0][i]) - scores[1][i]);
-          worst = std::max(worst, d);
-          top_score = std::max(top_score, std::fabs(static_cast<double>(scores[0][i])));
-          sum_diff += d;
+        // [0]: reference, [1]: its shadow, [2]: the flash-attention context.
+        std::vector<std::vector<llama_pos>> chosen[3];
+        std::vector<float> scores[3];
+        std::vector<llama_seq_id> seqs;
+        for (int k = 0; k < 3; ++k) {
+          eviction_glue& g = *glue[k == 2 ? 1 : 0];
+          if (!g.choose(&chosen[k], k == 1) || !g.eviction_scores(&scores[k], &seqs, k == 1))
+            throw std::runtime_error(t.name + ": " + g.error());
         }
-        compared += static_cast<std::int64_t>(scores[0].size());
-        const auto& a = chosen[0][0];
-        const auto& b = chosen[1][0];
-        for (llama_pos p : a) agreed += std::binary_search(b.begin(), b.end(), p);
-        evictions += static_cast<std::int64_t>(a.size());
+        const auto& held = glue[0]->positions();
+        const std::int32_t layers = glue[0]->scored_layer_count();
+        same.add(scores[0], scores[1], chosen[0][0], chosen[1][0], held, layers);
+        paths.add(scores[0], scores[2], chosen[0][0], chosen[2][0], held, layers);
         for (int path = 0; path < 2; ++path)
           if (!glue[path]->evict_positions(chosen[0])) throw std::runtime_error(t.name + ": " + glue[path]->error());
       }
@@ -938,17 +996,13 @@ int agree(const agree_options& o) {
         llama_free(ctx[path]);
       }
     }
-  const double share = evictions > 0 ? 100.0 * static_cast<double>(agreed) / static_cast<double>(evictions) : 100.0;
   std::cout << "agree (" << o.policy << ", " << texts.size() << " texts, budgets";
   for (std::int32_t b : o.budgets) std::cout << " " << b;
-  std::cout << ", steps of " << o.chunk << "): eviction scores on the same cache, flash attention on against off: "
-            << "largest difference " << std::scientific << std::setprecision(3) << worst << " (largest score "
-            << top_score << "), mean " << (compared > 0 ? sum_diff / static_cast<double>(compared) : 0.0)
-            << std::defaultfloat << " over " << compared << " scores; " << agreed << " of " << evictions
-            << " evictions chose the same positions (" << fixed(share, 2) << "%); NLL off "
-            << fixed(nll[0] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6) << ", on "
-            << fixed(nll[1] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6) << "\n";
-  return share >= o.min_agreement ? 0 : 1;
+  std::cout << ", steps of " << o.chunk << ")\n  same inputs (the queries and K cells llama.cpp's softmax came from): "
+            << same.text() << "\n  flash attention on against off (two contexts, the same positions): " << paths.text()
+            << "; NLL off " << fixed(nll[0] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6)
+            << ", on " << fixed(nll[1] / static_cast<double>(std::max<std::int64_t>(1, predictions)), 6) << "\n";
+  return same.untied() >= o.min_agreement ? 0 : 1;
 }
 
 // ---- check-refusals -----------------------------------------------------------------
@@ -1190,7 +1244,8 @@ int main(int argc, char** argv) {
   a->add_option("--chunk", ag.chunk, "tokens per llama_decode (m)")->capture_default_str()->check(CLI::Range(1, 4096));
   a->add_option("--budgets", ag.budgets, "budgets in cells")->capture_default_str();
   a->add_option("--policy", ag.policy, preset_names())->capture_default_str();
-  a->add_option("--min-agreement", ag.min_agreement, "% of evictions that must choose the same positions")
+  a->add_option("--min-agreement", ag.min_agreement,
+                "% of the same-inputs evictions that must choose the same positions, ties aside")
       ->capture_default_str();
 
   refusals_options rf;

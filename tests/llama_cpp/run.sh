@@ -25,8 +25,10 @@ case "$mode" in
     "$bin" generate --model "$model" --ctx 256 -n 300 --quiet --flash-attn off ;;
   flash)
     # Flash attention's observation (recomputed from the queries and the K
-    # cells) against llama.cpp's probabilities on the same cache: at least
-    # 99% of the evictions choose the same positions.
+    # cells, the flash-attention path's code) against llama.cpp's
+    # probabilities of the same queries and keys: at least 99% of the
+    # evictions choose the same positions, ties aside (it is 100% here);
+    # also printed: a flash-attention context against a probabilities one.
     for policy in scissorhands tova h2o; do
       "$bin" agree --model "$model" --text "$text" /usr/share/common-licenses/Apache-2.0 --length 400 \
         --budgets 64 128 --chunk 8 --policy "$policy" --min-agreement 99

@@ -55,6 +55,25 @@ bool sliding_by_architecture(const std::string& arch, std::int32_t layer, bool* 
   return false;
 }
 
+// x rounded to the nearest binary16 value (ties to even), as a float: what
+// llama.cpp's flash-attention kernel multiplies K with (it converts each
+// query row to the K cache's dot type, f16, before the dot products).
+float round_to_half(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F800000u) return x;  // inf, NaN
+  if (magnitude >= 0x477FF000u) return std::copysign(INFINITY, x);  // rounds above 65504
+  if (magnitude < 0x38800000u)  // below 2^-14: half's subnormal step, 2^-24
+    return std::nearbyint(x * 16777216.0f) * (1.0f / 16777216.0f);
+  std::uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
+  rounded &= ~0x1FFFu;
+  rounded |= bits & 0x80000000u;
+  float y;
+  std::memcpy(&y, &rounded, sizeof y);
+  return y;
+}
+
 // Whether an F16 mask entry hides its cell (-inf).
 bool hidden16(std::uint16_t bits) { return bits == 0xFC00u; }
 bool hidden32(float x) { return std::isinf(x) && x < 0; }
@@ -194,6 +213,15 @@ eviction_glue::eviction_glue(const llama_model* model, const preset* policy, con
               policy_->make_model_state(aligned, bytes, shape_, static_cast<std::int32_t>(scored_.size()), &model_)))
     return;
   if (library("reset_state", policy_->reset_state(model_))) return;
+  if (options_.shadow_queries) {
+    shadow_buffer_.assign(bytes + 256, 0);
+    const std::uintptr_t shadow_base = reinterpret_cast<std::uintptr_t>(shadow_buffer_.data());
+    void* shadow_aligned = shadow_buffer_.data() + ((256 - shadow_base % 256) % 256);
+    if (library("make_model_state", policy_->make_model_state(shadow_aligned, bytes, shape_,
+                                                              static_cast<std::int32_t>(scored_.size()), &shadow_)))
+      return;
+    if (library("reset_state", policy_->reset_state(shadow_))) return;
+  }
   stride_ = bridge::max_evictions(shape_.capacity, options_.budget, settings_.evict_count);
   counts_.assign(n, 0);
   slots_.assign(n * static_cast<std::size_t>(std::max(stride_, 1)), 0);
@@ -361,6 +389,9 @@ bool eviction_glue::before_decode(const llama_batch& batch) {
     if (library("reset_sequence",
                 policy_->reset_sequence(model_, s, positions[static_cast<std::size_t>(mine.front())])))
       return false;
+    if (options_.shadow_queries &&
+        library("reset_sequence", policy_->reset_sequence(shadow_, s, positions[static_cast<std::size_t>(mine.front())])))
+      return false;
   }
   batch_seqs_ = std::move(seqs);
   batch_positions_ = std::move(positions);
@@ -478,10 +509,15 @@ bool eviction_glue::on_k_write(ggml_tensor* t, std::int32_t layer) {
                 "' no longer leads to the destination cells (I64) and a ROPE node's positions (I32)");
   const std::size_t n = static_cast<std::size_t>(ggml_nelements(cells));
   cells_scratch_.resize(n);
-  positions_scratch_.resize(static_cast<std::size_t>(ggml_nelements(positions)));
   ggml_backend_tensor_get(cells, cells_scratch_.data(), 0, ggml_nbytes(cells));
-  ggml_backend_tensor_get(positions, positions_scratch_.data(), 0, ggml_nbytes(positions));
-  positions_scratch_.resize(n);  // M-RoPE stores more position rows; the first is the token's
+  // The positions are read at the ubatch's first layer only: after the last
+  // layer's ROPE, llama.cpp's allocator may hand their memory to a later
+  // node (the cells are the K write's own input, alive when it is reported).
+  if (layer == first_layer_) {
+    positions_scratch_.resize(static_cast<std::size_t>(ggml_nelements(positions)));
+    ggml_backend_tensor_get(positions, positions_scratch_.data(), 0, ggml_nbytes(positions));
+    positions_scratch_.resize(n);  // M-RoPE stores more position rows; the first is the token's
+  }
   const int cache = sliding_[static_cast<std::size_t>(layer)] ? 1 : 0;
   // The destination: [n_embd_k_gqa, cells] (one stream) or reshaped over
   // every stream's cells.
@@ -493,10 +529,10 @@ bool eviction_glue::on_k_write(ggml_tensor* t, std::int32_t layer) {
 
   if (layer == first_layer_) {
     if (!start_ubatch(n, per_stream)) return false;
-  } else if (n != current_.positions.size() ||
-             !std::equal(positions_scratch_.begin(), positions_scratch_.end(), current_.positions.begin())) {
-    return fail("layer " + std::to_string(layer) + " writes other positions than layer " +
-                std::to_string(first_layer_) + " in the same ubatch: the glue does not follow this graph");
+  } else if (n != current_.positions.size()) {
+    return fail("layer " + std::to_string(layer) + " writes " + std::to_string(n) + " tokens where layer " +
+                std::to_string(first_layer_) + " wrote " + std::to_string(current_.positions.size()) +
+                " in the same ubatch: the glue does not follow this graph");
   }
   if (layer == owner_[cache]) {
     std::string why;
@@ -619,16 +655,20 @@ bool eviction_glue::on_attention_node(ggml_tensor* t, std::int32_t layer, bool f
 }
 
 bool eviction_glue::observe_queries(const ggml_tensor* t, std::int32_t layer, std::int32_t cache) {
-  const ggml_tensor* q = t->src[0];
-  const ggml_tensor* k = key_view_of(t);
-  const std::string where = "layer " + std::to_string(layer) + " (flash attention): ";
   float params[3] = {0.0f, 0.0f, 0.0f};  // scale, ALiBi max_bias, logit soft-cap
   std::memcpy(params, t->op_params, sizeof params);
+  const std::string where = "layer " + std::to_string(layer) + " (flash attention): ";
+  if (t->src[4] != nullptr)
+    return fail(where + "attention sinks add a per-head logit to the softmax that the glue does not score");
+  return observe_keys(t->src[0], key_view_of(t), params, layer, cache, model_, where);
+}
+
+bool eviction_glue::observe_keys(const ggml_tensor* q, const ggml_tensor* k, const float* params, std::int32_t layer,
+                                 std::int32_t cache, const bridge::model_state& into, const std::string& where) {
   if (params[1] != 0.0f)
     return fail(where + "ALiBi (max_bias " + std::to_string(params[1]) +
                 ") biases by position distance; the library's ALiBi measures slots: not supported");
-  if (t->src[4] != nullptr)
-    return fail(where + "attention sinks add a per-head logit to the softmax that the glue does not score");
+  if (k == nullptr) return fail(where + "no K cache view below the attention node");
   if (q == nullptr || q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || q->ne[2] != n_head_ ||
       k->ne[2] != n_head_kv_ || q->ne[0] != k->ne[0] || k->ne[3] != q->ne[3])
     return fail(where + "the queries are not F32 [head_dim, tokens, " + std::to_string(n_head_) +
@@ -663,16 +703,19 @@ bool eviction_glue::observe_queries(const ggml_tensor* t, std::int32_t layer, st
     }
     indptr_[b + 1] = static_cast<std::int32_t>(indices_.size());
   }
-  // The queries, sequence-major: [query][head][head_dim].
+  // The queries, sequence-major: [query][head][head_dim], rounded to f16 as
+  // the kernel rounds them before its dot products with K.
   const std::int64_t per_stream = q->ne[1];
   const auto n_queries = current_.order.size();
   queries_.resize(n_queries * static_cast<std::size_t>(n_head_) * static_cast<std::size_t>(d));
   for (std::size_t j = 0; j < n_queries; ++j) {
     const std::int64_t u = current_.order[j];
     const char* row = static_cast<const char*>(q->data) + (u / per_stream) * q->nb[3] + (u % per_stream) * q->nb[1];
-    for (std::int32_t h = 0; h < n_head_; ++h)
-      std::memcpy(queries_.data() + (j * static_cast<std::size_t>(n_head_) + static_cast<std::size_t>(h)) * static_cast<std::size_t>(d),
-                  row + h * q->nb[2], static_cast<std::size_t>(d) * sizeof(float));
+    for (std::int32_t h = 0; h < n_head_; ++h) {
+      float* out = queries_.data() + (j * static_cast<std::size_t>(n_head_) + static_cast<std::size_t>(h)) * static_cast<std::size_t>(d);
+      std::memcpy(out, row + h * q->nb[2], static_cast<std::size_t>(d) * sizeof(float));
+      for (std::int32_t x = 0; x < d; ++x) out[x] = round_to_half(out[x]);
+    }
   }
   bridge::attention attention;
   attention.softmax_scale = params[0];
@@ -687,7 +730,7 @@ bool eviction_glue::observe_queries(const ggml_tensor* t, std::int32_t layer, st
   const std::size_t reach = static_cast<std::size_t>((pages - 1) * page_stride + (n_head_kv_ - 1) * head_stride + d);
   const bridge::queries<float> qv = bridge::queries<float>::ragged(queries_.data(), queries_.size(),
                                                                     current_.qo_indptr.data(), n_head_, d);
-  const bridge::state state = layer_state(layer).for_batch(rows_.data());
+  const bridge::state state = into.layer(model_layer_of_[static_cast<std::size_t>(layer)]).for_batch(rows_.data());
   const auto table_of = [&](auto* data) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(data)>>;
     bridge::paged_cache<T> keys;
@@ -783,8 +826,25 @@ bool eviction_glue::observe_probabilities(const ggml_tensor* t, std::int32_t lay
   table.max_pages_per_sequence = shape_.capacity;
   const bridge::probabilities probs = bridge::probabilities::ragged(dense_.data(), dense_.size(),
                                                                     current_.qo_indptr.data(), n_head_, columns);
-  return !library("observe_probabilities", policy_->observe_probabilities(
-                                               settings_, table, layer_state(layer).for_batch(rows_.data()), probs));
+  if (library("observe_probabilities", policy_->observe_probabilities(
+                                           settings_, table, layer_state(layer).for_batch(rows_.data()), probs)))
+    return false;
+  if (!options_.shadow_queries) return true;
+  // The shadow: the same layer observed from the queries and K cells that
+  // llama.cpp multiplied (kq = mul_mat(k, q) below the softmax), as the
+  // flash-attention path observes them.
+  const ggml_tensor* kq = t->src[0];
+  for (int depth = 0; kq != nullptr && depth < 4 && kq->op != GGML_OP_MUL_MAT; ++depth) {
+    if (kq->op == GGML_OP_UNARY)  // tanh: soft-capped logits
+      return fail("layer " + std::to_string(layer) + ": the shadow does not mirror soft-capped logits");
+    kq = kq->src[0];
+  }
+  if (kq == nullptr || kq->op != GGML_OP_MUL_MAT)
+    return fail("layer " + std::to_string(layer) + ": no kq = mul_mat(k, q) below '" + t->name + "'");
+  float params[3] = {0.0f, 0.0f, 0.0f};
+  std::memcpy(params, t->op_params, 2 * sizeof(float));  // soft_max_ext: scale, max_bias
+  return observe_keys(kq->src[1], kq->src[0], params, layer, cache, shadow_,
+                      "layer " + std::to_string(layer) + " (shadow of " + t->name + "): ");
 }
 
 bridge::state eviction_glue::layer_state(std::int32_t layer) const {
@@ -898,9 +958,14 @@ bool eviction_glue::apply_selection(const bridge::token_table& table, const brid
   }
   removal_seconds_ += seconds_since(removal);
   const auto forget_start = clock_type::now();
-  for (std::int32_t layer : scored_)  // the table of before the removal: forget reads the old lengths
-    if (library("forget", policy_->forget(settings_, table, layer_state(layer).for_batch(rows_.data()), selection)))
+  for (std::int32_t layer : scored_) {  // the table of before the removal: forget reads the old lengths
+    const std::int32_t l = model_layer_of_[static_cast<std::size_t>(layer)];
+    if (library("forget", policy_->forget(settings_, table, model_.layer(l).for_batch(rows_.data()), selection)))
       return false;
+    if (options_.shadow_queries &&
+        library("forget", policy_->forget(settings_, table, shadow_.layer(l).for_batch(rows_.data()), selection)))
+      return false;
+  }
   for (std::size_t b = 0; b < rows_.size(); ++b) {
     const llama_seq_id s = rows_[b];
     auto& mine = held_[static_cast<std::size_t>(s)];
@@ -916,8 +981,9 @@ bool eviction_glue::apply_selection(const bridge::token_table& table, const brid
   return true;
 }
 
-bool eviction_glue::choose(std::vector<std::vector<llama_pos>>* chosen) {
+bool eviction_glue::choose(std::vector<std::vector<llama_pos>>* chosen, bool shadow) {
   if (!ok()) return false;
+  if (shadow && !options_.shadow_queries) return fail("choose: the glue keeps no shadow (glue_options::shadow_queries)");
   if (batch_open_) return fail("choose: a batch is open (before_decode without after_decode)");
   chosen->assign(static_cast<std::size_t>(options_.sequences), {});
   if (policy_ == nullptr) return true;
@@ -927,8 +993,8 @@ bool eviction_glue::choose(std::vector<std::vector<llama_pos>>* chosen) {
   if (workspace_.size() < bytes + 256) workspace_.assign(bytes + 256, 0);
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(workspace_.data());
   void* workspace = workspace_.data() + ((256 - base % 256) % 256);
-  if (library("select", policy_->select(settings_, table, model_.for_batch(rows_.data()), options_.budget, workspace,
-                                        bytes, selection_buffers(), nullptr)))
+  if (library("select", policy_->select(settings_, table, (shadow ? shadow_ : model_).for_batch(rows_.data()),
+                                        options_.budget, workspace, bytes, selection_buffers(), nullptr)))
     return false;
   for (std::size_t b = 0; b < rows_.size(); ++b)
     for (std::int32_t e = 0; e < counts_[b]; ++e)
@@ -1004,8 +1070,10 @@ bool eviction_glue::evict_positions(const std::vector<std::vector<llama_pos>>& p
   return apply_selection(table, selection_buffers(), false);
 }
 
-bool eviction_glue::eviction_scores(std::vector<float>* values, std::vector<llama_seq_id>* sequences) {
+bool eviction_glue::eviction_scores(std::vector<float>* values, std::vector<llama_seq_id>* sequences, bool shadow) {
   if (!ok()) return false;
+  if (shadow && !options_.shadow_queries)
+    return fail("eviction_scores: the glue keeps no shadow (glue_options::shadow_queries)");
   values->clear();
   sequences->clear();
   if (policy_ == nullptr) return true;
@@ -1021,7 +1089,8 @@ bool eviction_glue::eviction_scores(std::vector<float>* values, std::vector<llam
   partial.batch = static_cast<std::int32_t>(rows_.size());
   partial.capacity = shape_.capacity;
   partial.kv_heads = n_head_kv_;
-  return !library("local_scores", policy_->local_scores(settings_, table, model_.for_batch(rows_.data()),
+  return !library("local_scores", policy_->local_scores(settings_, table,
+                                                        (shadow ? shadow_ : model_).for_batch(rows_.data()),
                                                         options_.budget, partial));
 }
 

@@ -65,6 +65,11 @@ struct glue_options {
   std::vector<std::int32_t> global_layers;  // sliding-window models: the full-attention layers (empty: by architecture)
   bool check_every_layer = false;           // mask check on every layer, not one layer per cache and ubatch
   bool record_evictions = false;            // keep every evicted position (evicted_positions)
+  // Flash attention off: also observe every layer from the queries and K
+  // cells llama.cpp multiplied, into a second state (the flash-attention
+  // path's observation of the same inputs): choose(…, true) and
+  // eviction_scores(…, true) read it; evictions apply to both.
+  bool shadow_queries = false;
   // Observe only the ubatches whose newest position is at least this (SnapKV:
   // the prompt's last queries, given as a ubatch of their own); 0: every one.
   llama_pos observe_from = 0;
@@ -111,7 +116,7 @@ class eviction_glue {
   bool end_sequence(llama_seq_id seq);
   // What evict() would remove, per sequence (positions ascending; empty
   // below the budget), without removing anything.
-  bool choose(std::vector<std::vector<llama_pos>>* chosen);
+  bool choose(std::vector<std::vector<llama_pos>>* chosen, bool shadow = false);
   // Removes the given positions (per sequence, ascending, held and not
   // protected) as evict() removes its own choice: an engine's choice, or
   // another glue's in a comparison.
@@ -119,7 +124,7 @@ class eviction_glue {
   // Every sequence at its budget: each token's score per observed layer
   // before the layers are combined (what select ranks), [layer][sequence at
   // budget][slot], slots past a sequence's length 0; *sequences lists them.
-  bool eviction_scores(std::vector<float>* values, std::vector<llama_seq_id>* sequences);
+  bool eviction_scores(std::vector<float>* values, std::vector<llama_seq_id>* sequences, bool shadow = false);
 
   const std::vector<llama_pos>& positions(llama_seq_id seq = 0) const;  // held positions, ascending
   std::int32_t held(llama_seq_id seq = 0) const { return static_cast<std::int32_t>(positions(seq).size()); }
@@ -168,6 +173,11 @@ class eviction_glue {
   bool on_attention_node(ggml_tensor* t, std::int32_t layer, bool flash);
   bool observe_queries(const ggml_tensor* t, std::int32_t layer, std::int32_t cache);
   bool observe_probabilities(const ggml_tensor* t, std::int32_t layer, std::int32_t cache);
+  // observe_queries into `into` from the queries q ([head_dim, tokens, heads,
+  // streams], F32) and the K cache view k; params: scale, ALiBi max_bias,
+  // logit soft-cap.
+  bool observe_keys(const ggml_tensor* q, const ggml_tensor* k, const float* params, std::int32_t layer,
+                    std::int32_t cache, const bridge::model_state& into, const std::string& where);
   bool check_mask(const ggml_tensor* mask, std::int32_t layer, std::int64_t n_kv, std::int64_t tokens_per_stream,
                   std::int32_t streams);
   const slot_cells& cells_of_slots(std::int32_t cache);
@@ -227,6 +237,8 @@ class eviction_glue {
   bridge::state_shape shape_;
   std::vector<unsigned char> model_buffer_;  // over-allocated: the state starts 256-byte aligned inside
   bridge::model_state model_;
+  std::vector<unsigned char> shadow_buffer_;  // shadow_queries: the flash-attention path's state
+  bridge::model_state shadow_;
   std::vector<unsigned char> workspace_;
   // scratch of the hot path, kept between calls
   std::vector<float> gathered_, queries_, dense_;
