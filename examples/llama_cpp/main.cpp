@@ -29,6 +29,11 @@ namespace {
 
 using namespace sh_llama;
 
+// llama.cpp's "KV buffer size = X MiB" log lines (one per cache; Gemma's
+// iSWA memory has two), summed since the last reset: its KV memory as
+// allocated.
+std::atomic<double> kv_buffer_mib{0.0};
+
 struct common_options {
   std::string model_path;
   std::int32_t threads = 1;
@@ -1110,6 +1115,14 @@ int check_refusals(const refusals_options& o) {
     if (ctx != nullptr) llama_free(ctx);
   }
   {
+    auto glue = std::make_unique<eviction_glue>(model.model, policy, settings, base);
+    llama_context_params params = llama_context_default_params();
+    params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    params.type_v = GGML_TYPE_Q8_0;
+    glue->configure(params);
+    expect("a q8_0 V cache with flash attention off", !glue->ok(), glue->error(), "V cache type is q8_0");
+  }
+  {
     // The state's budget below the recent window plus the step.
     glue_options small = base;
     small.budget = 8;
@@ -1135,6 +1148,132 @@ int check_refusals(const refusals_options& o) {
   llama_batch_free(batch);
   std::cout << "check-refusals: " << cases - failures << " of " << cases << " refused with a message naming the mistake\n";
   return failures == 0 ? 0 : 1;
+}
+
+// ---- scale ------------------------------------------------------------------------
+
+struct scale_options {
+  common_options common;
+  policy_overrides overrides;
+  std::vector<std::string> text_files;
+  std::vector<std::int32_t> lengths{2048, 4096, 8192, 16384};
+  std::int32_t budget = 0, ubatch = 256, timed = 256;
+  std::string policy = "scissorhands", csv;
+};
+
+// Peak and current resident memory of this process, in MiB.
+std::pair<double, double> resident_mib() {
+  double peak = 0.0, now = 0.0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) peak = std::atof(line.c_str() + 6) / 1024.0;
+    if (line.rfind("VmRSS:", 0) == 0) now = std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return {peak, now};
+}
+
+// Decode speed and memory as a text grows (the user's reason to evict):
+// the text fed in ubatches of --ubatch tokens up to each length L minus
+// --timed, then --timed decode steps of one token, timed; at each length
+// the tokens/s of those steps, llama.cpp's KV memory as allocated, the
+// cells held and the process's resident memory. Stock (no --budget): one
+// context of n_ctx = the largest length, so run one length per process for
+// its memory. With --budget B: one context of B + ubatch cells, the glue
+// evicting after every llama_decode (m = the step), all lengths in one run.
+int scale(const scale_options& o) {
+  model_handle model(o.common.model_path);
+  const auto texts = load_texts(model.model, o.text_files, {}, 0, 0, o.common.threads, 1);
+  std::vector<llama_token> tokens;
+  for (const auto& t : texts)  // the texts one after another, each after the first without its BOS
+    tokens.insert(tokens.end(), tokens.empty() ? t.tokens.begin() : t.tokens.begin() + 1, t.tokens.end());
+  std::vector<std::int32_t> lengths = o.lengths;
+  std::sort(lengths.begin(), lengths.end());
+  if (lengths.empty() || lengths.front() <= o.timed)
+    throw std::invalid_argument("--lengths must exceed --timed = " + std::to_string(o.timed));
+  if (static_cast<std::int32_t>(tokens.size()) < lengths.back())
+    throw std::invalid_argument("--text holds " + std::to_string(tokens.size()) + " tokens, below the length " +
+                                std::to_string(lengths.back()));
+  const bool evict = o.budget > 0;
+  std::unique_ptr<eviction_glue> glue;
+  std::int32_t n_ctx = lengths.back();
+  const method how = method_of(evict ? o.policy : "full", o.overrides);
+  if (evict) {
+    if (how.type != method::kind::library) throw std::invalid_argument("scale: --policy must be a library preset");
+    glue_options options;
+    options.budget = o.budget;
+    options.max_step_tokens = o.ubatch;
+    options.scores = scores_of(o.common.scores);
+    options.global_layers = o.common.global_layers;
+    bridge::settings settings = how.settings;
+    settings.evict_count = 1;  // after a ubatch the glue evicts down to B - 1; after a decode step, one
+    glue = std::make_unique<eviction_glue>(model.model, how.policy, settings, options);
+    if (!glue->ok()) throw std::runtime_error(glue->error());
+    n_ctx = o.budget + o.ubatch;
+  }
+  kv_buffer_mib = 0.0;
+  llama_context_params params = llama_context_default_params();
+  params.n_ctx = static_cast<std::uint32_t>(n_ctx);
+  params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(o.ubatch);
+  params.n_threads = params.n_threads_batch = o.common.threads;
+  params.flash_attn_type = flash_of(o.common.flash_attn);
+  params.swa_full = false;  // as llama-cli and llama-server create it (common_params)
+  params.no_perf = true;
+  if (glue) glue->configure(params);
+  llama_context* ctx = llama_init_from_model(model.model, params);
+  if (ctx == nullptr || (glue && !glue->attach(ctx))) throw std::runtime_error("context: " + (glue ? glue->error() : ""));
+  const double kv_mib = kv_buffer_mib;
+  llama_batch batch = llama_batch_init(o.ubatch, 0, 1);
+  std::ofstream csv;
+  if (!o.csv.empty()) {
+    const bool fresh = !std::ifstream(o.csv).good();
+    csv.open(o.csv, std::ios::app);
+    if (fresh)
+      csv << "model,method,flash_attn,threads,length,n_ctx,tokens_per_s,kv_mib_allocated,cells_held,peak_rss_mib,"
+             "rss_mib,library_percent,glue_percent\n";
+  }
+  llama_memory_t memory = llama_get_memory(ctx);
+  std::int32_t at = 0;
+  for (std::int32_t length : lengths) {
+    // Fed in ubatches up to length - timed (the glue evicts after each).
+    while (at < length - o.timed) {
+      const std::int32_t count = std::min(o.ubatch, length - o.timed - at);
+      set_batch(batch, tokens.data() + at, count, at, count - 1);
+      if (glue && !glue->before_decode(batch)) throw std::runtime_error(glue->error());
+      if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed at position " + std::to_string(at));
+      if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());
+      at += count;
+    }
+    const double library_before = glue ? glue->library_seconds() : 0.0;
+    const double glue_before = glue ? glue->callback_seconds() + glue->evict_seconds() : 0.0;
+    double decode = 0.0;
+    for (; at < length; ++at) {
+      set_batch(batch, tokens.data() + at, 1, at, 0);
+      const auto start = std::chrono::steady_clock::now();
+      if (glue && !glue->before_decode(batch)) throw std::runtime_error(glue->error());
+      if (llama_decode(ctx, batch) != 0) throw std::runtime_error("llama_decode failed at position " + std::to_string(at));
+      if (glue && !(glue->after_decode() && glue->evict())) throw std::runtime_error(glue->error());
+      decode += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    const auto [peak, now] = resident_mib();
+    const std::int32_t held = glue ? glue->held() : static_cast<std::int32_t>(llama_memory_seq_pos_max(memory, 0) + 1);
+    const double library = glue ? 100.0 * (glue->library_seconds() - library_before) / decode : 0.0;
+    const double all = glue ? 100.0 * (glue->callback_seconds() + glue->evict_seconds() - glue_before) / decode : 0.0;
+    std::cout << "scale " << base_name(o.common.model_path) << " " << (evict ? how.label : "stock") << " (flash attention "
+              << o.common.flash_attn << ", " << o.common.threads << " thread(s), n_ctx " << llama_n_ctx(ctx)
+              << "): at " << length << " tokens " << fixed(o.timed / decode, 2) << " tokens/s over the last " << o.timed
+              << ", KV " << fixed(kv_mib, 1) << " MiB allocated, " << held << " cells held, resident " << fixed(now, 1)
+              << " MiB (peak " << fixed(peak, 1) << ")";
+    if (glue) std::cout << ", library " << fixed(library, 2) << "% of the step, glue in all " << fixed(all, 2) << "%";
+    std::cout << "\n";
+    if (csv)
+      csv << base_name(o.common.model_path) << "," << (evict ? how.label : "stock") << "," << o.common.flash_attn << ","
+          << o.common.threads << "," << length << "," << llama_n_ctx(ctx) << "," << fixed(o.timed / decode, 3) << ","
+          << fixed(kv_mib, 2) << "," << held << "," << fixed(peak, 1) << "," << fixed(now, 1) << "," << fixed(library, 3)
+          << "," << fixed(all, 3) << "\n";
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  return 0;
 }
 
 }  // namespace
@@ -1248,6 +1387,17 @@ int main(int argc, char** argv) {
                 "% of the same-inputs evictions that must choose the same positions, ties aside")
       ->capture_default_str();
 
+  scale_options sc;
+  auto* z = add_command(app, "scale", "decode tokens/s, KV memory and resident memory as the text grows", sc.common);
+  add_overrides(z, sc.overrides);
+  z->add_option("--text", sc.text_files, "text files, fed one after another")->required()->check(CLI::ExistingFile);
+  z->add_option("--lengths", sc.lengths, "lengths at which to time the last --timed decode steps")->capture_default_str();
+  z->add_option("--budget", sc.budget, "cells kept (0: stock, n_ctx = the largest length)")->capture_default_str();
+  z->add_option("--ubatch", sc.ubatch, "tokens per llama_decode while feeding the text")->capture_default_str()->check(CLI::Range(1, 4096));
+  z->add_option("--timed", sc.timed, "decode steps timed before each length")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  z->add_option("--policy", sc.policy, preset_names())->capture_default_str();
+  z->add_option("--csv", sc.csv, "append a row per length to this CSV");
+
   refusals_options rf;
   auto* r = add_command(app, "check-refusals", "engine mistakes the glue refuses with a message, nothing evicted",
                         rf.common);
@@ -1256,6 +1406,10 @@ int main(int argc, char** argv) {
   llama_backend_init();
   llama_log_set([](ggml_log_level level, const char* text, void*) {
     if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+    if (const char* at = std::strstr(text, "KV buffer size =")) {
+      double mib = 0.0;
+      if (std::sscanf(at, "KV buffer size = %lf MiB", &mib) == 1) kv_buffer_mib = kv_buffer_mib + mib;
+    }
   }, nullptr);
   try {
     int rc = 0;
@@ -1266,6 +1420,7 @@ int main(int argc, char** argv) {
     if (*s) rc = speed(sp);
     if (*i) rc = interleave(il);
     if (*a) rc = agree(ag);
+    if (*z) rc = scale(sc);
     if (*r) rc = check_refusals(rf);
     llama_backend_free();
     return rc;

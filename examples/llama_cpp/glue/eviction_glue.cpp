@@ -261,12 +261,18 @@ void eviction_glue::configure(llama_context_params& params) {
   else if (options_.source == attention_source::queries)
     params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
   type_k_ = params.type_k;
+  type_v_ = params.type_v;
   flash_type_ = params.flash_attn_type;
   configured_ = true;
   check_key_type();
 }
 
 bool eviction_glue::check_key_type() {
+  // Flash attention off: llama.cpp transposes V and cannot hold it quantized.
+  if (flash_type_ == LLAMA_FLASH_ATTN_TYPE_DISABLED && ggml_is_quantized(type_v_))
+    return fail(std::string("the V cache type is ") + ggml_type_name(type_v_) +
+                ": with flash attention off llama.cpp keeps V transposed and cannot quantize it (the context would "
+                "fail): use flash attention, or an f16 or f32 V cache");
   if (flash_type_ == LLAMA_FLASH_ATTN_TYPE_DISABLED || type_k_ == GGML_TYPE_F16 || type_k_ == GGML_TYPE_F32)
     return true;
   return fail(std::string("the K cache type is ") + ggml_type_name(type_k_) +

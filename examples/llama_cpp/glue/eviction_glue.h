@@ -215,7 +215,7 @@ class eviction_glue {
 
   // configure() and attach()
   bool configured_ = false;
-  ggml_type type_k_ = GGML_TYPE_F16;
+  ggml_type type_k_ = GGML_TYPE_F16, type_v_ = GGML_TYPE_F16;
   llama_flash_attn_type flash_type_ = LLAMA_FLASH_ATTN_TYPE_AUTO;
   std::int32_t streams_ = 1;  // 1: unified cache; sequences: one stream per sequence
   llama_context* ctx_ = nullptr;
