@@ -6,8 +6,14 @@
 // specialisation declared after this header is still found.
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "config.hpp"
+
+#if defined(__F16C__) && !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SCISSORHANDS_F16C 1
+#endif
 
 namespace scissorhands {
 
@@ -51,6 +57,34 @@ struct element_traits<fp16_bits> {
     return std::bit_cast<float>(magnitude | ((bits & 0x8000u) << 16));
   }
 };
+
+// Whether T is IEEE binary16 held as its 16 bits (fp16_bits, or an engine's
+// own type of that representation: specialise it to true), so that a row
+// converts eight values at a time with F16C where the build has it.
+template <class T>
+inline constexpr bool is_binary16_v = false;
+template <>
+inline constexpr bool is_binary16_v<fp16_bits> = true;
+
+// n binary16 values from `from` as floats into `to` (read as bytes: any
+// two-byte T whose is_binary16_v is true). The same values as to_float.
+template <class T>
+inline void binary16_to_float(const T* from, std::int32_t n, float* to) {
+  static_assert(sizeof(T) == 2, "binary16_to_float reads two bytes a value");
+  std::int32_t i = 0;
+#if defined(SCISSORHANDS_F16C)
+  for (; i + 8 <= n; i += 8) {
+    __m128i h;
+    std::memcpy(&h, from + i, sizeof h);
+    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, from + i, sizeof bits);
+    to[i] = element_traits<fp16_bits>::to_float(fp16_bits{bits});
+  }
+}
 
 template <>
 struct element_traits<bf16_bits> {

@@ -29,6 +29,9 @@ struct scissorhands::element_traits<scissorhands::bridge::fp16_bits> {
   }
 };
 
+template <>
+inline constexpr bool scissorhands::is_binary16_v<scissorhands::bridge::fp16_bits> = true;
+
 namespace scissorhands::bridge::detail {
 
 using scissorhands::detail::require;

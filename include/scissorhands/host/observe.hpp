@@ -365,6 +365,9 @@ inline const float* key_as_float(const View& cache, std::int32_t b, std::int32_t
     const T* k = cache.k_row(b, h, t);
     if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
       return k;
+    } else if constexpr (is_binary16_v<std::remove_const_t<T>>) {
+      binary16_to_float(k, cache.head_dim, scratch);  // eight at a time with F16C
+      return scratch;
     } else {
       for (std::int32_t x = 0; x < cache.head_dim; ++x) scratch[x] = to_float(k[x]);
       return scratch;
