@@ -297,8 +297,9 @@ bool eviction_glue::attach(llama_context* ctx) {
   // One stream per sequence (kv_unified off) shows as a per-sequence context size below n_ctx.
   const std::int64_t n_ctx = llama_n_ctx(ctx), n_ctx_seq = llama_n_ctx_seq(ctx);
   streams_ = options_.sequences > 1 && n_ctx_seq < n_ctx ? options_.sequences : 1;
-  const std::int64_t most = policy_ != nullptr ? shape_.capacity
-                                               : (options_.capacity > 0 ? options_.capacity : options_.budget);
+  // The cells a sequence reaches: the budget, or the capacity asked for
+  // (an engine that steps past the budget must give llama.cpp room for it).
+  const std::int64_t most = options_.capacity > 0 ? options_.capacity : options_.budget;
   const std::int64_t cells = streams_ > 1 ? n_ctx_seq : n_ctx;
   const std::int64_t need = streams_ > 1 ? most : most * options_.sequences;
   if (cells < need)
