@@ -18,6 +18,9 @@
 #      SCISSORHANDS_GEMMA_COUNTER=1: the counter's settings one at a time;
 #   4. tables, the goal cell by cell (the default's margin over each baseline
 #      with a 95% paired bootstrap interval over the texts), compression, plot.
+# Flash attention as SCISSORHANDS_FLASH_ATTN says (auto, llama.cpp's default:
+# on; the tables of docs/quality.md were measured with off, which reproduces
+# them; persistence reads llama.cpp's probabilities, so always off).
 # evaluate runs SCISSORHANDS_JOBS texts at once (default: one per core), each
 # with SCISSORHANDS_THREADS llama.cpp threads (default 1), and takes a
 # method's predictions from before its first eviction from the full cache's
@@ -28,6 +31,7 @@ cd "$(dirname "$0")/.."
 source scripts/llama_cpp_build.sh  # sets bin and gemma
 jobs=${SCISSORHANDS_JOBS:-$(nproc)}
 threads=${SCISSORHANDS_THREADS:-1}
+flash=${SCISSORHANDS_FLASH_ATTN:-auto}
 out=results
 mkdir -p "$out/gemma_tokens"
 L=/usr/share/common-licenses
@@ -52,7 +56,7 @@ run() {  # name protocol budgets... -- policies...
   local name=$1 protocol=$2; shift 2
   local budgets=(); while [ "$1" != -- ]; do budgets+=("$1"); shift; done; shift
   "$bin" evaluate --model "$gemma" --tokens "${tokens[@]}" --protocol "$protocol" --chunk 32 --threads "$threads" \
-    --jobs "$jobs" --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" \
+    --flash-attn "$flash" --jobs "$jobs" --budgets "${budgets[@]}" --policies "$@" --csv "$out/gemma_$name.csv" \
     --texts-csv "$out/gemma_${name}_texts.csv" | tee "$out/gemma_$name.txt"
   echo "$name: $SECONDS s"
 }

@@ -295,6 +295,7 @@ def main():
     ap.add_argument("--out-csv", help="directory for the merged gemma_<protocol>.csv")
     ap.add_argument("--persistence", nargs="*", default=[], help="persistence CSVs: the per-layer table")
     ap.add_argument("--texts", nargs="*", default=[], help="evaluate --texts-csv files: paired intervals")
+    ap.add_argument("--name", default="Gemma 3 270M", help="the model's name in the tables' titles")
     a = ap.parse_args()
     texts = per_text(a.texts)
     if a.persistence:
@@ -306,7 +307,7 @@ def main():
         if (protocol, "full", "100%") not in cells:
             continue
         text, policies, budgets = table(cells, protocol)
-        print(f"### Gemma 3 270M, {protocol}\n\n{text}\n")
+        print(f"### {a.name}, {protocol}\n\n{text}\n")
         print(f"#### The goal ({a.default}), {protocol}\n\n{goal(cells, protocol, a.default, budgets)}\n")
         if texts:
             print(f"#### {a.default} minus each baseline, {protocol} (points of NLL increase; negative: "
@@ -316,7 +317,7 @@ def main():
                            for p in policies)
         print(f"#### Compression (text / budget) within 1% and 0.5% of the full cache, {protocol}\n\n"
               f"{compression(rows, budgets)}\n")
-        groups.append(("Gemma 3 270M", protocol, rows, budgets, True))
+        groups.append((a.name, protocol, rows, budgets, True))
         if a.out_csv:
             with open(f"{a.out_csv}/gemma_{protocol}.csv", "w", newline="") as f:
                 w = csv.writer(f)
@@ -338,8 +339,8 @@ def main():
             groups.append((model, protocol.split(":")[0], configs, budgets, False))
     print("#### Compression within 1% / 0.5% of the full cache's NLL (text / budget; '<N×': not even at the "
           "largest budget measured)\n")
-    print(headline(sorted(groups, key=lambda g: (g[1], ["stories260K", "tinystories656k", "babyllama105",
-                                                        "Gemma 3 270M"].index(g[0])))))
+    tiny_order = ["stories260K", "tinystories656k", "babyllama105"]
+    print(headline(sorted(groups, key=lambda g: (g[1], tiny_order.index(g[0]) if g[0] in tiny_order else 9))))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,6 @@ echo "check-reads: $SECONDS s"
   --budgets 6.25 12.5 25 50 --policies scissorhands streaming tova h2o context-shift \
   --csv "$out/smollm2_decode.csv" --texts-csv "$out/smollm2_decode_texts.csv" | tee "$out/smollm2_decode.txt"
 echo "decode grid: $SECONDS s"
-python3 scripts/gemma_summary.py --texts "$out/smollm2_decode_texts.csv" -- "$out/smollm2_decode.csv" \
+python3 scripts/gemma_summary.py --name "SmolLM2-135M-Instruct" --texts "$out/smollm2_decode_texts.csv" -- "$out/smollm2_decode.csv" \
   | tee "$out/smollm2_summary.txt"
 echo "scripts/smollm2_quality.sh: $SECONDS s"
