@@ -37,7 +37,9 @@ struct fp16_bits {
 struct bf16_bits {
   std::uint16_t bits;
 };
-static_assert(sizeof(fp16_bits) == 2 && alignof(fp16_bits) == 2 && sizeof(bf16_bits) == 2);
+static_assert(sizeof(fp16_bits) == 2);
+static_assert(alignof(fp16_bits) == 2);
+static_assert(sizeof(bf16_bits) == 2);
 
 template <>
 struct element_traits<fp16_bits> {

@@ -36,10 +36,10 @@ namespace scissorhands::bridge::detail {
 
 using scissorhands::detail::require;
 
-static_assert(sizeof(fp16_bits) == sizeof(scissorhands::fp16_bits) &&
-              alignof(fp16_bits) == alignof(scissorhands::fp16_bits));
-static_assert(static_cast<int>(window_unit::slots) == static_cast<int>(scissorhands::window_unit::slots) &&
-              static_cast<int>(window_unit::positions) == static_cast<int>(scissorhands::window_unit::positions));
+static_assert(sizeof(fp16_bits) == sizeof(scissorhands::fp16_bits));
+static_assert(alignof(fp16_bits) == alignof(scissorhands::fp16_bits));
+static_assert(static_cast<int>(window_unit::slots) == static_cast<int>(scissorhands::window_unit::slots));
+static_assert(static_cast<int>(window_unit::positions) == static_cast<int>(scissorhands::window_unit::positions));
 
 // The mirrors in bridge.h must follow the library; these trip when they drift.
 static_assert(static_cast<int>(error_code::ok) == static_cast<int>(scissorhands::error_code::ok) &&
