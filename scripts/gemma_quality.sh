@@ -34,10 +34,7 @@ threads=${SCISSORHANDS_THREADS:-1}
 flash=${SCISSORHANDS_FLASH_ATTN:-auto}
 out=results
 mkdir -p "$out/gemma_tokens"
-L=/usr/share/common-licenses
-texts=("$L/GPL-1" "$L/GPL-2" "$L/GPL-3" "$L/LGPL-2.1" "$L/MPL-1.1" "$L/MPL-2.0" "$L/Apache-2.0" "$L/GFDL-1.3"
-       /usr/share/cmake-3.25/Help/manual/cmake-buildsystem.7.rst /usr/share/cmake-3.25/Help/manual/cmake-language.7.rst
-       /usr/share/doc/dpkg/spec/triggers.txt /usr/share/doc/zlib1g-dev/examples/gzjoin.c)
+source scripts/quality_texts.sh  # sets L and texts
 SECONDS=0
 # 1. Persistence; it also tokenizes and samples the 16 texts once.
 "$bin" persistence --model "$gemma" --text "${texts[@]}" --samples 4 --sample-seed 1 --length 2000 \

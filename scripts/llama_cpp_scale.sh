@@ -30,6 +30,11 @@ for spec in "$gemma:2048 4096 8192 16384" "$smollm2:2048 4096 8192"; do
     done
     "$bin" scale --model "$model" --text "${text[@]}" --lengths "${lengths[@]}" --budget 1024 --threads "$threads" \
       --csv "$csv"
+    # Gemma: the default scoring the three global layers only (a sixth of the observation).
+    if [ "$model" = "$gemma" ]; then
+      "$bin" scale --model "$model" --text "${text[@]}" --lengths "${lengths[@]}" --budget 1024 --threads "$threads" \
+        --scores global --csv "$csv"
+    fi
   done
 done | tee results/llama_cpp_scale.txt
 if command -v gnuplot >/dev/null; then python3 scripts/llama_cpp_scale_plot.py "$csv" results/llama_cpp_scale.png; fi

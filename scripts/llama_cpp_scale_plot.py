@@ -16,7 +16,8 @@ def main():
     series = {}
     for r in rows:
         model = r["model"].split("-")[0].split(".")[0]
-        label = f"{model} {'stock' if r['method'] == 'stock' else 'evicting at 1,024'} {r['threads']}t"
+        method = "stock" if r["method"] == "stock" else f"{r['method']} at {int(r['n_ctx']) - 256}"
+        label = f"{model} {method} {r['threads']}t"
         series.setdefault(label, []).append(
             (int(r["length"]), float(r["tokens_per_s"]), float(r["kv_mib_allocated"]), float(r["peak_rss_mib"])))
     script = [

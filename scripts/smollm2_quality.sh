@@ -17,10 +17,7 @@ jobs=${SCISSORHANDS_JOBS:-$(nproc)}
 threads=${SCISSORHANDS_THREADS:-1}
 out=results
 mkdir -p "$out/smollm2_tokens"
-L=/usr/share/common-licenses
-texts=("$L/GPL-1" "$L/GPL-2" "$L/GPL-3" "$L/LGPL-2.1" "$L/MPL-1.1" "$L/MPL-2.0" "$L/Apache-2.0" "$L/GFDL-1.3"
-       /usr/share/cmake-3.25/Help/manual/cmake-buildsystem.7.rst /usr/share/cmake-3.25/Help/manual/cmake-language.7.rst
-       /usr/share/doc/dpkg/spec/triggers.txt /usr/share/doc/zlib1g-dev/examples/gzjoin.c)
+source scripts/quality_texts.sh  # sets L and texts
 SECONDS=0
 for flash in auto off; do
   "$bin" check-reads --model "$smollm2" --text "$L/GPL-3" --length 1100 --chunk 128 --threads "$((jobs * threads))" \

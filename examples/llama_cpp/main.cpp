@@ -1222,6 +1222,7 @@ int scale(const scale_options& o) {
   llama_context* ctx = llama_init_from_model(model.model, params);
   if (ctx == nullptr || (glue && !glue->attach(ctx))) throw std::runtime_error("context: " + (glue ? glue->error() : ""));
   const double kv_mib = kv_buffer_mib;
+  const std::string name = !evict ? "stock" : how.label + (o.common.scores == "global" ? ":global-layers" : "");
   llama_batch batch = llama_batch_init(o.ubatch, 0, 1);
   std::ofstream csv;
   if (!o.csv.empty()) {
@@ -1258,7 +1259,7 @@ int scale(const scale_options& o) {
     const std::int32_t held = glue ? glue->held() : static_cast<std::int32_t>(llama_memory_seq_pos_max(memory, 0) + 1);
     const double library = glue ? 100.0 * (glue->library_seconds() - library_before) / decode : 0.0;
     const double all = glue ? 100.0 * (glue->callback_seconds() + glue->evict_seconds() - glue_before) / decode : 0.0;
-    std::cout << "scale " << base_name(o.common.model_path) << " " << (evict ? how.label : "stock") << " (flash attention "
+    std::cout << "scale " << base_name(o.common.model_path) << " " << name << " (flash attention "
               << o.common.flash_attn << ", " << o.common.threads << " thread(s), n_ctx " << llama_n_ctx(ctx)
               << "): at " << length << " tokens " << fixed(o.timed / decode, 2) << " tokens/s over the last " << o.timed
               << ", KV " << fixed(kv_mib, 1) << " MiB allocated, " << held << " cells held, resident " << fixed(now, 1)
@@ -1266,7 +1267,7 @@ int scale(const scale_options& o) {
     if (glue) std::cout << ", library " << fixed(library, 2) << "% of the step, glue in all " << fixed(all, 2) << "%";
     std::cout << "\n";
     if (csv)
-      csv << base_name(o.common.model_path) << "," << (evict ? how.label : "stock") << "," << o.common.flash_attn << ","
+      csv << base_name(o.common.model_path) << "," << name << "," << o.common.flash_attn << ","
           << o.common.threads << "," << length << "," << llama_n_ctx(ctx) << "," << fixed(o.timed / decode, 3) << ","
           << fixed(kv_mib, 2) << "," << held << "," << fixed(peak, 1) << "," << fixed(now, 1) << "," << fixed(library, 3)
           << "," << fixed(all, 3) << "\n";

@@ -264,9 +264,11 @@ interleaved_result run_interleaved(llama_model* model, const std::vector<std::ve
     return result;
   }
   llama_context_params params = llama_context_default_params();
-  const std::int32_t capacity = run.budget + run.chunk - 1;
-  // Cells for every sequence (llama.cpp splits n_ctx between the streams).
-  params.n_ctx = static_cast<std::uint32_t>(sequences * ((capacity + 255) / 256 * 256));
+  // Cells for every sequence (llama.cpp splits n_ctx between the streams),
+  // each as many as run_text's context has (its steps end at the budget
+  // too): a stream of another size places new cells elsewhere, and
+  // llama.cpp's flash-attention kernel sums V in cell order.
+  params.n_ctx = static_cast<std::uint32_t>(sequences * ((run.budget + 255) / 256 * 256));
   params.n_batch = params.n_ubatch = static_cast<std::uint32_t>(sequences * run.chunk);
   params.n_threads = params.n_threads_batch = run.threads;
   params.flash_attn_type = run.flash_attn;
@@ -293,17 +295,19 @@ interleaved_result run_interleaved(llama_model* model, const std::vector<std::ve
     // Idle sequences take the next texts (a finished one was ended).
     for (llama_seq_id s = 0; s < sequences; ++s) {
       auto& mine = text_of[static_cast<std::size_t>(s)];
+      bool ended = false;
       if (mine >= 0 && at[static_cast<std::size_t>(s)] >= static_cast<std::int32_t>(texts[static_cast<std::size_t>(mine)].size())) {
         if (!glue.end_sequence(s)) {
           result.error = glue.error();
           break;
         }
         mine = -1;
-        ++result.restarts;
+        ended = true;
       }
       if (mine < 0 && next_text < texts.size()) {
         mine = static_cast<std::int32_t>(next_text++);
         at[static_cast<std::size_t>(s)] = 0;
+        result.restarts += ended;  // a sequence that ran a text starts another
       }
     }
     if (!result.error.empty()) break;

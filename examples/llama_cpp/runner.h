@@ -87,7 +87,7 @@ double negative_log_prob(const float* logits, std::int32_t vocab, llama_token ta
 // `unified`: one cache for all sequences (kv_unified), else one stream each.
 struct interleaved_result {
   std::vector<run_result> texts;  // per text: nll_sum, predictions, peak_cells, evicted, evicted_positions
-  std::int64_t decodes = 0, restarts = 0;
+  std::int64_t decodes = 0, restarts = 0;  // restarts: sequences that ended a text and started another
   double seconds = 0.0;
   std::string error;
 };

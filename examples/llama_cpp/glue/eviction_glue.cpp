@@ -821,16 +821,7 @@ bool eviction_glue::observe_probabilities(const ggml_tensor* t, std::int32_t lay
     for (std::int32_t s = 0; s < held(seqs[b]); ++s) indices_.push_back(static_cast<std::int32_t>(indices_.size()));
     indptr_[b + 1] = static_cast<std::int32_t>(indices_.size());
   }
-  bridge::token_table table;
-  table.indptr = indptr_.data();
-  table.indices = indices_.data();
-  table.indices_size = indices_.size();
-  table.last_page_len = last_page_len_.data();
-  table.batch = static_cast<std::int32_t>(seqs.size());
-  table.kv_heads = n_head_kv_;
-  table.page_size = 1;
-  table.num_pages = std::max<std::int32_t>(1, static_cast<std::int32_t>(indices_.size()));
-  table.max_pages_per_sequence = shape_.capacity;
+  const bridge::token_table table = rows_table(static_cast<std::int32_t>(indices_.size()));
   const bridge::probabilities probs = bridge::probabilities::ragged(dense_.data(), dense_.size(),
                                                                     current_.qo_indptr.data(), n_head_, columns);
   if (library("observe_probabilities", policy_->observe_probabilities(
@@ -918,15 +909,19 @@ bridge::token_table eviction_glue::budget_table() {
     indices_[static_cast<std::size_t>(indptr_[static_cast<std::size_t>(index_of[static_cast<std::size_t>(s)])] + slot)] =
         static_cast<std::int32_t>(c);
   }
+  return rows_table(static_cast<std::int32_t>(map.pos_of_cell.size()));
+}
+
+bridge::token_table eviction_glue::rows_table(std::int32_t num_pages) const {
   bridge::token_table table;
   table.indptr = indptr_.data();
   table.indices = indices_.data();
   table.indices_size = indices_.size();
   table.last_page_len = last_page_len_.data();
-  table.batch = static_cast<std::int32_t>(batch);
+  table.batch = static_cast<std::int32_t>(rows_.size());
   table.kv_heads = n_head_kv_;
   table.page_size = 1;
-  table.num_pages = std::max<std::int32_t>(1, static_cast<std::int32_t>(map.pos_of_cell.size()));
+  table.num_pages = std::max<std::int32_t>(1, num_pages);
   table.max_pages_per_sequence = shape_.capacity;
   return table;
 }

@@ -188,6 +188,8 @@ class eviction_glue {
   // The sequences at their budget (rows_) and their full-attention cells in
   // position order as a page-size-1 table over indptr_/indices_.
   bridge::token_table budget_table();
+  // The page-size-1 table over rows_, indptr_, indices_ and last_page_len_.
+  bridge::token_table rows_table(std::int32_t num_pages) const;
   // Removes counts_/slots_ from llama.cpp, the maps and every observed
   // layer's state (forget with `table`, the table of before the removal).
   bool apply_selection(const bridge::token_table& table, const bridge::selection& selection, bool check_cells);
