@@ -133,7 +133,8 @@ constexpr sh::kv_quantization quantization_of() {
 // int4 codes with group parameters (a quantized_kv_view).
 template <class T>
 void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
-                     std::int32_t threads) {
+                     std::int32_t threads, std::int32_t group_size = group) {
+  const std::int32_t heads = group_size * kv_heads;  // query heads
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);
   set_lengths(l, length);
@@ -164,22 +165,22 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
     }
     return key.data();
   };
-  std::vector<float> q(static_cast<std::size_t>(batch) * q_heads * head_dim);
+  std::vector<float> q(static_cast<std::size_t>(batch) * heads * head_dim);
   rng r(4);
   for (float& x : q) x = r.symmetric();
   const auto queries =
-      sh::query_view<float, sh::memory_space::host>::dense(sh::host_span<const float>(q.data(), q.size()), q_heads,
+      sh::query_view<float, sh::memory_space::host>::dense(sh::host_span<const float>(q.data(), q.size()), heads,
                                                            1, head_dim);
   // The true natural log-sum-exp of each query's scaled logits, as the
   // attention kernel would hand it over.
-  std::vector<float> lse_data(static_cast<std::size_t>(batch) * q_heads);
+  std::vector<float> lse_data(static_cast<std::size_t>(batch) * heads);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   for (std::int32_t b = 0; b < batch; ++b)
-    for (std::int32_t qh = 0; qh < q_heads; ++qh) {
+    for (std::int32_t qh = 0; qh < heads; ++qh) {
       std::vector<double> logits(static_cast<std::size_t>(length));
       double m = -1e300;
       for (std::int32_t t = 0; t < length; ++t) {
-        const float* k = key_of(b, qh / group, t);
+        const float* k = key_of(b, qh / group_size, t);
         const float* x = queries.row(b, qh, 0);
         double dot = 0.0;
         for (std::int32_t d = 0; d < head_dim; ++d) dot += double{x[d]} * k[d];
@@ -188,11 +189,11 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
       }
       double sum = 0.0;
       for (double z : logits) sum += std::exp(z - m);
-      lse_data[static_cast<std::size_t>(b) * q_heads + qh] = static_cast<float>(m + std::log(sum));
+      lse_data[static_cast<std::size_t>(b) * heads + qh] = static_cast<float>(m + std::log(sum));
     }
   sh::lse_view<sh::memory_space::host> lse{};
   if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
-                    sh::host_span<const float>(lse_data.data(), lse_data.size()), q_heads, 1, sh::lse_base::natural);
+                    sh::host_span<const float>(lse_data.data(), lse_data.size()), heads, 1, sh::lse_base::natural);
   sh::host::observe_queries(policy, cache, l.state, queries, lse);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
@@ -244,22 +245,37 @@ void register_observe() {
       const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
       benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries<float>, batch, length, true, 0)
+      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries<float>, batch, length, true,
+                                   0, group)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length, false, 0)
+      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length, false,
+                                   0, group)
           ->Unit(benchmark::kMicrosecond);
       if (length == 2048) {
         benchmark::RegisterBenchmark(("observe_queries_lse_bf16" + shape).c_str(), observe_queries<bench_bf16>, batch,
-                                     length, true, 0)
+                                     length, true, 0, group)
             ->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("observe_queries_lse_int8" + shape).c_str(), observe_queries<int8_storage>,
-                                     batch, length, true, 0)
+                                     batch, length, true, 0, group)
             ->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("observe_queries_lse_int4" + shape).c_str(), observe_queries<int4_storage>,
-                                     batch, length, true, 0)
+                                     batch, length, true, 0, group)
             ->Unit(benchmark::kMicrosecond);
       }
     }
+}
+
+// Grouped-query attention with 3 query heads per KV head (SmolLM2's 9 / 3):
+// the heads past the last four, which the blocked path pads to four,
+// against the fixture's 4 per KV head over the same K (the baseline of
+// the same run). Without an LSE, as a flash-attention engine that keeps
+// none (llama.cpp) calls it.
+void register_observe_groups() {
+  for (std::int32_t g : {3, 4}) {
+    const std::string shape = "/batch:1/B:2048/group:" + std::to_string(g);
+    benchmark::RegisterBenchmark(("observe_queries_gqa" + shape).c_str(), observe_queries<float>, 1, 2048, false, 0, g)
+        ->Unit(benchmark::kMicrosecond);
+  }
 }
 
 void register_observe_threads() {
@@ -271,7 +287,7 @@ void register_observe_threads() {
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("observe_queries_lse_threads" + shape).c_str(), observe_queries<float>, batch, 2048,
-                                   true, threads)
+                                   true, threads, group)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   bench_host::register_observe();
   bench_host::register_compress();
   bench_host::register_select();
+  bench_host::register_observe_groups();
   bench_host::register_observe_threads();
   bench_host::register_compress_threads();
   benchmark::Initialize(&count, args.data());

@@ -209,8 +209,10 @@ void compare_on_three_caches(std::initializer_list<query_case> cases, run_shape 
 }  // namespace
 
 TEST_CASE("observe_queries matches observe_probabilities: contiguous HND, GQA mean", "[observe_queries]") {
+  // Groups of 3 and 7: the heads past the last four padded to four (7: one
+  // four, then three padded).
   for (const auto& qc : {moderate, custom_scale, peaky})
-    for (std::int32_t group : {1, 4}) {
+    for (std::int32_t group : {1, 3, 4, 7}) {
       auto cache = make_contiguous(layout_kind::hnd, 3, 2, 16, 24, 5);
       compare_with_probabilities<mass_mean>(cache, group, qc);
     }
