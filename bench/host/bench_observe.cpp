@@ -130,10 +130,12 @@ constexpr sh::kv_quantization quantization_of() {
 
 // T: how the cache is stored: float, an engine's bf16 (the layer's K and V
 // rounded to it; the library reads it through element_traits), or int8 /
-// int4 codes with group parameters (a quantized_kv_view).
+// int4 codes with group parameters (a quantized_kv_view). group_size:
+// query heads per KV head (the fixture's `group`; observe_queries_gqa
+// also 3).
 template <class T>
 void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
-                     std::int32_t threads, std::int32_t group_size = group) {
+                     std::int32_t threads, std::int32_t group_size) {
   const std::int32_t heads = group_size * kv_heads;  // query heads
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);

@@ -307,7 +307,7 @@ interleaved_result run_interleaved(llama_model* model, const std::vector<std::ve
       if (mine < 0 && next_text < texts.size()) {
         mine = static_cast<std::int32_t>(next_text++);
         at[static_cast<std::size_t>(s)] = 0;
-        result.restarts += ended;  // a sequence that ran a text starts another
+        if (ended) ++result.restarts;  // a sequence that ran a text starts another
       }
     }
     if (!result.error.empty()) break;
