@@ -263,7 +263,7 @@ std::int32_t pages_in(const sh::host_paged_kv_view<float>& v, std::int32_t b) {
 
 // ---------------------------------------------------------------------------
 // The eviction order, written from the specification (docs/design.md): lower
-// eviction score first (NaN above +inf, -0 = +0), then smaller position.
+// eviction score first (NaN below -inf, -0 = +0), then smaller position.
 // A count of unimportant steps counts against the token: negated, so its
 // highest counts go first.
 float eviction_score_of(float score, float observed, const sh::settings& s, bool highest_first) {
@@ -272,7 +272,7 @@ float eviction_score_of(float score, float observed, const sh::settings& s, bool
 }
 int compare_scores(float a, float b) {
   const bool na = std::isnan(a), nb = std::isnan(b);
-  if (na || nb) return na == nb ? 0 : (na ? 1 : -1);
+  if (na || nb) return na == nb ? 0 : (na ? -1 : 1);
   return a < b ? -1 : (b < a ? 1 : 0);
 }
 

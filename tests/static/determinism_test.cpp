@@ -7,7 +7,7 @@
 // or ragged, and the engine applies compress_output itself (copies the new
 // lengths, or shrink_page_table). And the documented tie-break
 // (docs/hardening.md): lowest eviction score first, equal scores older
-// position first, -0 = +0, NaN above +inf.
+// position first, -0 = +0, NaN below -inf (first evicted).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -346,13 +346,13 @@ TEST_CASE("tie-break: -0 equals +0", "[determinism][tie]") {
   CHECK(d.evicted() == std::vector<std::int32_t>{2});
 }
 
-TEST_CASE("tie-break: -inf < finite < +inf < NaN", "[determinism][tie]") {
+TEST_CASE("tie-break: NaN < -inf < finite < +inf", "[determinism][tie]") {
   const float nan_f = std::numeric_limits<float>::quiet_NaN(), inf_f = std::numeric_limits<float>::infinity();
   const float scores[8] = {nan_f, inf_f, 3.0f, -inf_f, nan_f, 2.0f, inf_f, 1e30f};
   for (std::int32_t m = 1; m <= 7; ++m) {
     tie_case c(m);
     for (std::int32_t t = 0; t < 8; ++t) c.set(t, scores[t]);
-    const std::vector<std::int32_t> order{3, 5, 2, 7, 1, 6, 0, 4};  // -inf, 2, 3, 1e30, +inf (older first), NaN
+    const std::vector<std::int32_t> order{0, 4, 3, 5, 2, 7, 1, 6};  // NaN (older first), -inf, 2, 3, 1e30, +inf
     std::vector<std::int32_t> want(order.begin(), order.begin() + m);
     std::sort(want.begin(), want.end());
     CHECK(c.evicted() == want);

@@ -1,6 +1,6 @@
 #pragma once
 // The total order in which tokens are evicted, shared by both backends:
-// lowest score first, ties to the older token (smaller position). Packed in
+// NaN first, then lowest score, ties to the older token (smaller position). Packed in
 // one uint64 so selection is integer comparison (and radix-selectable).
 #include <cstdint>
 
@@ -10,9 +10,12 @@
 namespace scissorhands::detail {
 
 // Maps a float to a uint32 with the same order; -0 equals +0 and every NaN
-// sorts above +inf, so the order is total and never undefined.
+// sorts below -inf, so the order is total and never undefined. NaN first:
+// a NaN score (a NaN query or key observed without a log-sum-exp, a
+// damaged state) is no evidence that the token mattered, and sorted last
+// it would never be evicted and hold its slot for the sequence's life.
 SCISSORHANDS_HOST_DEVICE inline std::uint32_t ordered_bits(float x) {
-  if (x != x) return 0xFFFFFFFFu;
+  if (x != x) return 0u;
   if (x == 0.0f) x = 0.0f;
   const std::uint32_t u = __builtin_bit_cast(std::uint32_t, x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
