@@ -36,6 +36,9 @@ mutations=(
   "fill_holes_starts_early|host/detail/eviction.hpp|std::int32_t source = kept;|std::int32_t source = kept - 1;|fuzz_replay"
   "bridge_drops_sinks|bridge/bridge_impl.hpp|  to.sinks = from.sinks;||cxx17_engine"
   "mma_b_words_swapped|cuda/detail/mma_layout.hpp|return 2 * (step % 2) + r; }|return 2 * (step % 2) + (1 - r); }|mma_layout"
+  "model_layer_unbounded|model_state.hpp|require(l >= 0 && l < layers,|require(true,|bad_input"
+  "nan_sorts_last|detail/eviction_key.hpp|if (x != x) return 0u;|if (x != x) return 0xFFFFFFFFu;|determinism"
+  "shrink_view_page_size_ignored|token_table_view.hpp|writable(view.last_page_len), view.page_size};|writable(view.last_page_len), 2 * view.page_size};|bad_input"
 )
 
 # The suites: what to compile (tree-relative) and how to run the result.
@@ -44,6 +47,7 @@ catch_suite() {  # name -> sources
     simulation_contiguous | simulation_random | simulation_paged | granularity | observe_queries | \
       mma_layout) echo "tests/host/$1_test.cpp" ;;
     bad_input) echo "tests/host/bad_input_test.cpp" ;;
+    determinism) echo "tests/static/determinism_test.cpp" ;;
     engine_token_level) echo "tests/engine/token_level_test.cpp" ;;
     engine_continuous_batching) echo "tests/engine/continuous_batching_test.cpp" ;;
     *) return 1 ;;

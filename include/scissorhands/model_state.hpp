@@ -25,8 +25,14 @@ struct model_state {
   std::int32_t layers = 0;
   std::size_t layer_bytes = 0;    // state_bytes(first.shape)
 
-  // Layer l's state, seen through the same batch mapping.
+  // Layer l's state, seen through the same batch mapping. On the host (where
+  // an engine picks the layer to hand to observe, of either backend) l
+  // outside [0, layers) is refused: it would point past the state buffer.
+  // Device code only reaches it in loops bounded by `layers`.
   SCISSORHANDS_HOST_DEVICE eviction_state<Space> layer(std::int32_t l) const {
+#if !defined(__CUDA_ARCH__)
+    detail::require(l >= 0 && l < layers, "model_state::layer", "l", "must be in [0, layers = ", layers, "), got ", l);
+#endif
     eviction_state<Space> s = first;
     const std::size_t shift = layer_bytes * static_cast<std::size_t>(l);
     const auto at = [shift](auto* p) {

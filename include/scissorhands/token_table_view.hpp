@@ -90,7 +90,35 @@ inline constexpr bool is_token_table_view_v<token_table_view<Space>> = true;
 template <class View>
 concept kv_rows_view = !is_token_table_view_v<std::remove_cvref_t<View>>;
 
+// A view whose slots live in a FlashInfer page table (indptr, indices,
+// last_page_len, page_size): paged_kv_view and token_table_view.
+template <class View>
+concept page_table_view = requires(const View& v) {
+  v.indptr;
+  v.indices;
+  v.last_page_len;
+  v.page_size;
+};
+
 namespace detail {
+
+// The page table a view was made over, as shrink_page_table rewrites it:
+// the same arrays, writable (the engine owns them; the view only reads),
+// and the view's page size, so the two cannot disagree.
+template <memory_space Space>
+struct writable_page_table {
+  span<std::int32_t, Space> indptr, indices, last_page_len;
+  std::int32_t page_size = 0;
+};
+template <class View>
+writable_page_table<View::space> page_table_of(const char* fn, const View& view) {
+  require(view.batch >= 0 && view.indptr.size() == static_cast<std::size_t>(view.batch) + 1, fn, "cache.indptr",
+          "must hold batch + 1 = ", std::int64_t{view.batch} + 1, " entries, got ", view.indptr.size());
+  const auto writable = [](auto s) {
+    return span<std::int32_t, View::space>(const_cast<std::int32_t*>(s.data()), s.size());
+  };
+  return {writable(view.indptr), writable(view.indices), writable(view.last_page_len), view.page_size};
+}
 
 // The table's shape checks, shared with paged_kv_view (no data read).
 template <class View>

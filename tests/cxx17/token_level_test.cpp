@@ -27,6 +27,7 @@
 
 #include "../host/slot_list_engine.hpp"
 #include "check.h"
+#include "scenario.h"
 #include "token_scenario.h"
 
 namespace br = scissorhands::bridge;
@@ -545,6 +546,15 @@ struct refusals {
     br::token_table t = table;
     t.indptr = nullptr;
     expect("admit: null indptr", "cache.indptr", [&] { return api::admit(s, t, model_d.layer(0)); });
+    // Settings another namespace's default_settings filled (another policy).
+    br::settings per_layer;
+    check_ok(cxx17_test::sh_f32::default_settings(&per_layer), "default_settings of the per-layer namespace");
+    expect("admit: settings of another namespace's policy", "settings",
+           [&] { return api::admit(per_layer, table, model_d.layer(0)); });
+    // A layer past the model: a state without a buffer, refused.
+    expect("admit: model.layer(layers)", "state.buffer",
+           [&] { return api::admit(s, table, model_d.layer(model_d.layers)); });
+    expect("admit: model.layer(-1)", "state.buffer", [&] { return api::admit(s, table, model_d.layer(-1)); });
     t = table;
     std::vector<std::int32_t> bad_indices = e.indices;
     bad_indices[0] = cells;
@@ -737,8 +747,11 @@ void default_settings_are_the_policys() {
             mine.normalize == theirs.normalize && mine.compaction_mode == theirs.compaction_mode &&
             mine.seed == theirs.seed && mine.pool_width == theirs.pool_width && mine.pool_mode == theirs.pool_mode,
         "default_settings is Policy{}.config field by field");
-  check(mine.filled == br::settings_filled && br::settings{}.filled != br::settings_filled,
-        "default_settings marks what it filled; a settings{} is unmarked");
+  check(mine.filled == theirs.filled && mine.filled != 0 && br::settings{}.filled == 0,
+        "default_settings marks what it filled with its policy's mark; a settings{} is unmarked");
+  br::settings per_layer;
+  check_ok(cxx17_test::sh_f32::default_settings(&per_layer), "default_settings of the per-layer namespace");
+  check(per_layer.filled != 0 && per_layer.filled != mine.filled, "another policy's namespace marks with another mark");
   // scissorhands_policy's measured numbers, not bridge::settings{}'s (the paper's).
   check(mine.window == 25 && mine.alpha == 2.0f && mine.normalize && br::settings{}.window == 400,
         "default_settings gives the preset's numbers");

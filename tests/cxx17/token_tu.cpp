@@ -159,7 +159,7 @@ void reference_default_settings(scissorhands::bridge::settings* out) noexcept {
   out->pool_width = c.pool_width;
   out->pool_mode =
       c.pool_mode == sh::pooling::max ? scissorhands::bridge::pooling::max : scissorhands::bridge::pooling::mean;
-  out->filled = scissorhands::bridge::settings_filled;
+  out->filled = scissorhands::bridge::detail::settings_marker<policy_type>();
 }
 
 }  // namespace cxx17_tokens

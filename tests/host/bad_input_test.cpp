@@ -107,6 +107,11 @@ struct contiguous_fixture : fixture_base<Policy, contiguous_fixture<Policy>> {
   [[nodiscard]] auto snapshot() const {
     return bytes_of_all(this->k, this->v, lengths, this->state_mem->snapshot(), this->freed, this->new_lengths);
   }
+  // The engine appends the next step's token to each sequence: what an
+  // observe call of one query a sequence needs (each query is a new token).
+  void append_one() {
+    for (auto& len : lengths) ++len;
+  }
 };
 
 // Paged cache: batch 2, 2 KV heads, head_dim 4, pages of 4 tokens, a pool
@@ -130,6 +135,10 @@ struct paged_fixture : fixture_base<Policy, paged_fixture<Policy>> {
   [[nodiscard]] auto snapshot() const {
     return bytes_of_all(this->k, this->v, indptr, indices, last_page_len, this->state_mem->snapshot(), this->freed,
                         this->new_lengths);
+  }
+  // As contiguous_fixture's: both last pages have room for one more token.
+  void append_one() {
+    for (auto& last : last_page_len) ++last;
   }
 };
 
@@ -191,9 +200,18 @@ struct call_args {
 
 // A fixture made with `s`, the call's arguments broken by `breaks`: entry
 // point `e` refuses, naming `argument`, and writes nothing.
+// An observe call's queries are the step's new tokens: its fixture has
+// one appended to each sequence (compress and admit get the fixture as
+// observed, every token tracked).
+template <class F>
+void prepare(F& f, entry e) {
+  if (e == observe || e == observe_queries) f.append_one();
+}
+
 template <class F = contiguous, class Break>
 void refused(entry e, const char* argument, Break&& breaks, const sh::settings& s = small_settings()) {
   F f(s);
+  prepare(f, e);
   call_args<F> c(f);
   breaks(c);
   check_refused(f, function_of[e], argument, [&] { c.call(e); });
@@ -209,6 +227,7 @@ std::function<void()> refusal(entry e, const char* argument, Break breaks, sh::s
 template <class F = contiguous, class Change>
 void accepted(entry e, Change&& change) {
   F f;
+  prepare(f, e);
   call_args<F> c(f);
   change(c);
   REQUIRE_NOTHROW(c.call(e));
@@ -428,15 +447,16 @@ const table_case cases[] = {
   {"bad input: GQA group above the supported size",
    refusal(observe, "q_heads", [](auto& c) { c.probs.q_heads = c.f.kv_heads * (sh::host::max_group_size + 1); })},
   {"bad input: no query heads", refusal(observe, "q_heads", [](auto& c) { c.probs.q_heads = 0; })},
-  {"bad input: q_len above a sequence's length",  // sequence 1 holds 9 tokens
-   refusal(observe, "q_len", [](auto& c) { c.probs.q_len = 10; })},
+  {"bad input: q_len above a sequence's length",  // sequence 1 holds 10 tokens (9 and the step's)
+   refusal(observe, "q_len", [](auto& c) { c.probs.q_len = 11; })},
   {"bad input: q_len negative", refusal(observe, "q_len", [](auto& c) { c.probs.q_len = -1; })},
   {"bad input: probability buffer too small for its strides", [] {
-     // Rows need the longest length (12) of columns, not the full capacity
-     // (16): cutting the last 4 padding columns is fine, the 5th is not.
+     // Rows need the longest length (13: 12 and the step's token) of
+     // columns, not the full capacity (16): cutting the last 3 padding
+     // columns is fine, the 4th is not.
      const auto cut = [](auto& c, std::size_t n) { c.probs.data = {c.probs.data.data(), c.probs.data.size() - n}; };
-     accepted(observe, [&](auto& c) { cut(c, c.f.capacity - 12); });
-     refused(observe, "probs.data", [&](auto& c) { cut(c, c.f.capacity - 12 + 1); });
+     accepted(observe, [&](auto& c) { cut(c, c.f.capacity - 13); });
+     refused(observe, "probs.data", [&](auto& c) { cut(c, c.f.capacity - 13 + 1); });
    }},
   {"bad input: negative probability stride",
    refusal(observe, "probs strides", [](auto& c) { c.probs.head_stride = -1; })},
@@ -547,9 +567,10 @@ const table_case cases[] = {
      // reaches leaves every page alone.
      paged f;
      f.indices[3] = 2;
+     f.append_one();
      call_args<paged> c(f);
      REQUIRE_NOTHROW(c.call(observe));
-     c.budget = 12;
+     c.budget = 13;
      REQUIRE_NOTHROW(c.call(compress));
      CHECK(f.freed == std::vector<std::int32_t>{0, 0});
    }},
@@ -722,6 +743,29 @@ const table_case cases[] = {
                    [] { (void)sh::persistence_budget{{0.5, 0.9}, 0.0}.allocate(100, 2); });
      check_refused("persistence_budget::allocate", "persistence",
                    [] { (void)sh::persistence_budget{{0.5}, 0.1}.allocate(100, 2); });
+   }},
+  // model_state::layer(l): a layer past the model points past its buffer.
+  {"bad input: model_state::layer below 0 or at layers and above", [] {
+     const sh::state_shape shape{2, 2, 16, 0};
+     aligned_bytes mem(sh::model_state_bytes(shape, 3));
+     const auto model = sh::make_model_state(mem.span(), shape, 3);
+     for (std::int32_t l : {3, -1, INT32_MAX})
+       check_refused("model_state::layer", "l", [&] { (void)model.layer(l); });
+     CHECK(model.layer(2).step == model.layer(0).step + 2 * model.layer_bytes / sizeof(std::int64_t));
+   }, "[regression]"},
+  {"bad input: shrink_page_table takes the page size from the view", [] {
+     // The same table through the view and through its arrays with the
+     // view's page size: the same bytes and the same pages released.
+     paged f;
+     page_table t;
+     f.indptr = t.indptr, f.indices = t.indices, f.last_page_len = t.last_page_len;
+     std::vector<std::int32_t> released(5, -1);
+     const std::size_t n = sh::host::shrink_page_table(f.view(), {t.new_lengths.data(), t.new_lengths.size()},
+                                                       {released.data(), released.size()});
+     CHECK(t.shrink() == n);
+     CHECK(n == 2);  // 11 -> 4 tokens leaves 1 of 3 pages of 4; 6 -> 6 keeps both
+     CHECK((f.indptr == t.indptr && f.indices == t.indices && f.last_page_len == t.last_page_len));
+     CHECK(released == t.released);
    }},
   {"bad input: persistence ratio above 1", [] {
      check_refused("persistence_budget::allocate", "persistence",

@@ -67,8 +67,10 @@ enum class pooling { max, mean };
 //   s.recent = 8;
 // The field defaults below are the paper's, not a preset's, so a settings
 // that default_settings did not fill is refused by every call (argument
-// "settings"): nothing runs silently on numbers nobody chose.
-inline constexpr std::uint32_t settings_filled = 0x5c155e75u;
+// "settings"): nothing runs silently on numbers nobody chose. The mark is
+// the policy's: settings filled by another namespace's default_settings
+// (another policy) are refused too.
+inline constexpr std::uint32_t settings_filled = 0x5c155e75u;  // mixed with the policy's name into `filled`
 
 struct settings {
   std::int32_t window = 400;     // w: steps a sliding_window history remembers
@@ -82,7 +84,7 @@ struct settings {
   std::uint32_t seed = 0;  // random_score
   std::int32_t pool_width = 1;  // odd, 1 = off; > 1 needs preserve_order (SnapKV pooling)
   pooling pool_mode = pooling::mean;
-  std::uint32_t filled = 0;  // settings_filled once default_settings wrote it; keep it when copying
+  std::uint32_t filled = 0;  // the policy's mark once default_settings wrote it (0: not); keep it when copying
 };
 
 // ---- caches -----------------------------------------------------------------
@@ -332,12 +334,17 @@ struct model_state {
   const std::int32_t* state_rows = nullptr;  // [batch]
 
   // Layer l's state, seen through the same batch (admit, observe, forget).
-  // Not constexpr: a void* cannot be offset in a constant expression.
+  // Not constexpr: a void* cannot be offset in a constant expression. For l
+  // outside [0, layers) it is a state with no buffer, which every call
+  // refuses (naming state.buffer and this bound) instead of reading past
+  // the model's buffer.
   state layer(std::int32_t l) const noexcept {
+    const bool inside = l >= 0 && l < layers;
     state s;
-    s.buffer = buffer == nullptr ? nullptr
-                                 : static_cast<unsigned char*>(buffer) + layer_bytes * static_cast<std::size_t>(l);
-    s.bytes = layer_bytes;
+    s.buffer = buffer == nullptr || !inside
+                   ? nullptr
+                   : static_cast<unsigned char*>(buffer) + layer_bytes * static_cast<std::size_t>(l);
+    s.bytes = inside ? layer_bytes : 0;
     s.shape = shape;
     s.state_rows = state_rows;
     return s;

@@ -107,23 +107,49 @@ void copy_settings(To& to, const From& from) {
   to.pool_mode = static_cast<decltype(to.pool_mode)>(from.pool_mode);
 }
 
-// Settings not filled by default_settings hold the paper's numbers whatever
-// the translation unit's preset is: refused rather than run.
+// The marker default_settings writes into `filled`: settings_filled mixed
+// with the policy type's name (FNV-1a of the compiler's signature of this
+// function), so that settings filled by one namespace's default_settings
+// (another policy: other numbers, other meanings) are refused by another
+// namespace's calls. Never 0, the unfilled value.
+template <class Policy>
+std::uint32_t settings_marker() noexcept {
+#if defined(_MSC_VER)
+  static const char* const signature = __FUNCSIG__;
+#else
+  static const char* const signature = __PRETTY_FUNCTION__;
+#endif
+  static const std::uint32_t marker = [] {
+    std::uint32_t h = 2166136261u;
+    for (const char* c = signature; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+    h ^= settings_filled;
+    return h == 0 ? 1u : h;
+  }();
+  return marker;
+}
+
+// Settings not filled by this policy's default_settings hold the paper's
+// numbers (or another preset's) whatever the translation unit's preset is:
+// refused rather than run.
 template <class Policy>
 Policy policy_of(const settings& s) {
-  require(s.filled == settings_filled, "bridge", "settings",
+  require(s.filled != 0, "bridge", "settings",
           "were not filled by default_settings(): start from ns::default_settings(&settings), the preset's own "
           "numbers, then change fields (a settings{} holds the paper's numbers, not the preset's)");
+  require(s.filled == settings_marker<Policy>(), "bridge", "settings",
+          "were filled by another namespace's default_settings (another policy, whose numbers these are) or are "
+          "damaged: fill them with this namespace's ns::default_settings(&settings)");
   Policy p;
   copy_settings(p.config, s);
   return p;
 }
 
-// policy_of's inverse: a policy's settings as the bridge's.
-inline settings settings_of(const scissorhands::settings& c) {
+// policy_of's inverse: a policy's settings as the bridge's, marked as its.
+template <class Policy>
+settings settings_of(const scissorhands::settings& c) {
   settings s;
   copy_settings(s, c);
-  s.filled = settings_filled;
+  s.filled = settings_marker<Policy>();
   return s;
 }
 
@@ -238,6 +264,9 @@ inline scissorhands::state_shape checked_layout(const char* fn, const state_shap
 // here, under the name of the entry point, so an error names the call that
 // was made (make_state would name itself).
 inline eviction_state<memory_space::host> state_of(const char* fn, const state& s, std::int32_t batch) {
+  // model_state::layer(l) gives a null buffer for l outside [0, layers).
+  require(s.buffer != nullptr, fn, "state.buffer",
+          "must not be null (model_state::layer(l) gives a state without one for l outside [0, layers))");
   const scissorhands::state_shape shape = checked_layout(fn, s.shape, s.buffer, "state.buffer");
   const std::size_t need = scissorhands::detail::offsets_of(shape).total;
   require(s.bytes >= need, fn, "state.bytes", "is ", s.bytes, ", below state_bytes(shape) = ", need);
@@ -379,7 +408,7 @@ template <class Policy>
 error default_settings(settings* out) noexcept {
   return guarded([&] {
     require(out != nullptr, "bridge::default_settings", "settings", "must not be null");
-    *out = settings_of(Policy{}.config);
+    *out = settings_of<Policy>(Policy{}.config);
   });
 }
 

@@ -240,5 +240,27 @@ inline cudaError_t shrink_page_table(device_span<std::int32_t> indptr, device_sp
                                 "must hold one shrink_result, got ", result.size());
   return shrink_page_table(indptr, indices, last_page_len, page_size, new_lengths, released, result.data(), stream);
 }
+// For the table a paged view was made over, with the view's page size
+// (host::shrink_page_table's view form: the page size cannot disagree with
+// the table). The view's arrays must be the engine's writable table.
+template <class View>
+  requires page_table_view<View>
+cudaError_t shrink_page_table(const View& cache, device_span<const std::int32_t> new_lengths,
+                              device_span<std::int32_t> released, shrink_result* d_result, cudaStream_t stream = 0) {
+  static_assert(View::space == memory_space::device, "cuda::shrink_page_table needs a device view");
+  const auto table = scissorhands::detail::page_table_of("cuda::shrink_page_table", cache);
+  return shrink_page_table(table.indptr, table.indices, table.last_page_len, table.page_size, new_lengths, released,
+                           d_result, stream);
+}
+template <class View>
+  requires page_table_view<View>
+cudaError_t shrink_page_table(const View& cache, device_span<const std::int32_t> new_lengths,
+                              device_span<std::int32_t> released, device_span<shrink_result> result,
+                              cudaStream_t stream = 0) {
+  static_assert(View::space == memory_space::device, "cuda::shrink_page_table needs a device view");
+  const auto table = scissorhands::detail::page_table_of("cuda::shrink_page_table", cache);
+  return shrink_page_table(table.indptr, table.indices, table.last_page_len, table.page_size, new_lengths, released,
+                           result, stream);
+}
 
 }  // namespace scissorhands::cuda

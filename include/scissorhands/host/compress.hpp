@@ -75,7 +75,9 @@ auto plan_compress(const char* fn, const Policy& policy, View cache, eviction_st
     if (len < budget) continue;
     const std::int32_t r = state.row(b);
     require(state.tracked[r] == len, fn, "state", "tracks ", state.tracked[r], " of the ", len,
-            " tokens of sequence ", b, ": call observe (or admit) after appending, before compress");
+            " tokens of sequence ", b, ". Likely causes: tokens were appended and not observed (observe every "
+            "layer after appending, before compress), or the previous compress's new_lengths were not applied to the "
+            "cache's lengths (the length would then be ", state.tracked[r], "; admit would make stale rows tokens)");
     const std::int32_t evict = len - budget + m;
     const std::int32_t next = state.next_position[r];
     for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
@@ -278,6 +280,21 @@ inline std::size_t shrink_page_table(host_span<std::int32_t> indptr, host_span<s
   indptr[batch] = write;
   return out;
 }
+// The same for the table a paged view (paged_kv_view, token_table_view)
+// was made over, with the view's page size: the form to use when there is
+// a view, since a page size passed apart from the table is not checked
+// against it (told 8 for a table of 4-token pages, the other form releases
+// pages that still hold kept tokens). The view's arrays must be the
+// engine's writable table.
+template <class View>
+  requires page_table_view<View>
+std::size_t shrink_page_table(const View& cache, host_span<const std::int32_t> new_lengths,
+                              host_span<std::int32_t> released) {
+  static_assert(View::space == memory_space::host, "host::shrink_page_table needs a host view");
+  const auto table = detail::page_table_of("host::shrink_page_table", cache);
+  return shrink_page_table(table.indptr, table.indices, table.last_page_len, table.page_size, new_lengths, released);
+}
+
 // The same call as cuda::shrink_page_table: the count goes to result[0]
 // (status 0: the host throws on bad data instead).
 inline void shrink_page_table(host_span<std::int32_t> indptr, host_span<std::int32_t> indices,
@@ -288,6 +305,14 @@ inline void shrink_page_table(host_span<std::int32_t> indptr, host_span<std::int
                   "must hold one shrink_result, got ", result.size());
   const std::size_t n = shrink_page_table(indptr, indices, last_page_len, page_size, new_lengths, released);
   result[0] = {static_cast<std::int32_t>(n), 0};
+}
+template <class View>
+  requires page_table_view<View>
+void shrink_page_table(const View& cache, host_span<const std::int32_t> new_lengths, host_span<std::int32_t> released,
+                       host_span<shrink_result> result) {
+  static_assert(View::space == memory_space::host, "host::shrink_page_table needs a host view");
+  const auto table = detail::page_table_of("host::shrink_page_table", cache);
+  shrink_page_table(table.indptr, table.indices, table.last_page_len, table.page_size, new_lengths, released, result);
 }
 
 }  // namespace scissorhands::host

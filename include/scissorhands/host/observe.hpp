@@ -445,7 +445,7 @@ void validate_common(const char* fn, const Policy& policy, const View& cache,
   validate_rows(fn, cache, state);
   for (std::int32_t b = 0; b < cache.batch; ++b) {
     const std::int32_t len = cache.length(b);
-    require(len >= 0 && len <= cache.capacity_of(b), fn, "cache length", " of sequence ", b, " must be in [0, ",
+    require(len >= 0 && len <= cache.capacity_of(b), fn, "cache length", "of sequence ", b, " must be in [0, ",
             cache.capacity_of(b), "], got ", len);
     const std::int32_t r = state.row(b);
     if (r < 0) {
@@ -456,9 +456,10 @@ void validate_common(const char* fn, const Policy& policy, const View& cache,
     require(len <= state.shape.capacity, fn, "state.shape.capacity", "is ", state.shape.capacity,
             " slots but sequence ", b, " holds ", len,
             " tokens: size it with state_capacity_for(budget, tokens appended between compress calls)");
-    require(state.tracked[r] >= 0 && state.tracked[r] <= len, fn, "cache length",
-            " of sequence ", b, " is ", len, ", below the ", state.tracked[r],
-            " tokens its state row ", r, " tracks: tokens were removed without compress (reset_sequence to start over)");
+    require(state.tracked[r] >= 0 && state.tracked[r] <= len, fn, "cache length", "of sequence ", b, " is ", len,
+            ", below the ", state.tracked[r], " tokens its state row ", r,
+            " tracks. Likely causes: tokens were removed without compress (roll back only before observing), "
+            "state_rows maps the sequence to another request's row, or the row was reused without reset_sequence");
     require(state.next_position[r] >= 0 &&
                 std::int64_t{state.next_position[r]} + (len - state.tracked[r]) <= std::numeric_limits<std::int32_t>::max(),
             fn, "state.next_position", "[", r, "] = ", state.next_position[r], " leaves no int32 position for ",

@@ -177,7 +177,9 @@ void validate_model_for_select(const char* fn, const Policy& policy, const View&
     for (std::int32_t l = 0; l < model.layers; ++l) {
       const eviction_state<memory_space::host> s = model.layer(l);
       require(s.tracked[r] == len, fn, "model", "layer ", l, " tracks ", s.tracked[r], " of the ", len,
-              " tokens of sequence ", b, ": observe (or admit) every layer after appending, before select");
+              " tokens of sequence ", b, ". Likely causes: a layer was not observed after appending (observe, or admit "
+              "for tokens without queries, every layer before select), or the previous step's new lengths were not "
+              "applied to the cache's lengths");
       require(s.next_position[r] == first.next_position[r], fn, "model", "layer ", l,
               " has next_position ", s.next_position[r], " for sequence ", b, ", layer 0 has ",
               first.next_position[r], ": every layer must see the same tokens");
