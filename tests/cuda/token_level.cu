@@ -1360,7 +1360,8 @@ int run_one_api() {
   CUDA_CHECK(cudaStreamCreate(&stream));
   const auto compare = [&](const char* name, const auto& policy) {
     const one_api::transcript on_host = one_api::run(sh::backend<sh::memory_space::host>{}, policy);
-    const one_api::transcript on_device = one_api::run(sh::backend<sh::memory_space::device>{stream}, policy);
+    const one_api::transcript on_device =
+        one_api::run(sh::backend<sh::memory_space::device>{stream}, policy, !host_only_run());
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaGetLastError());
     const bool same = device_fact(on_device == on_host);

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <stdexcept>
 #include <vector>
 
 #include <scissorhands/scissorhands.hpp>
@@ -84,8 +85,15 @@ inline std::int32_t appended(std::int32_t b, std::int32_t s) {
   return s == 9 || s == 10 ? 0 : 1;
 }
 
+// Every backend call's result is checked (the device's launch status, the
+// host's host_status; bad input throws on both), unless `check_launches`
+// is false: a host-only run of the CUDA test, where every launch fails
+// and only the calls' host halves are under test.
 template <sh::memory_space Space, class Policy>
-transcript run(sh::backend<Space> be, const Policy& policy) {
+transcript run(sh::backend<Space> be, const Policy& policy, bool check_launches = true) {
+  const auto launched = [check_launches](auto status) {
+    if (check_launches && !sh::succeeded(status)) throw std::runtime_error("one_api: a launch failed");
+  };
   using mem = memory<Space>;
   const std::int32_t step_tokens = 6;
   const sh::state_shape shape{batch, kv_heads, sh::state_capacity_for(budget, step_tokens), policy.ring_words()};
@@ -99,7 +107,7 @@ transcript run(sh::backend<Space> be, const Policy& policy) {
     k.emplace_back(std::vector<float>(pool, 0.0f));
     v.emplace_back(std::vector<float>(pool, 0.0f));
     states.emplace_back(std::vector<std::byte>(sh::state_bytes(shape)));
-    be.reset_state(sh::make_state(states.back().span(), shape));
+    launched(be.reset_state(sh::make_state(states.back().span(), shape)));
   }
   std::vector<std::int32_t> next_position(batch, 0);
   const auto row = [&](std::int32_t page, std::int32_t t, std::int32_t h) {
@@ -185,20 +193,20 @@ transcript run(sh::backend<Space> be, const Policy& policy) {
       }
       typename mem::template array<float> d_probs(probs);
       const auto state = sh::make_state(states[std::size_t(l)].span(), shape);
-      be.observe_probabilities(policy, cache, state,
-                               sh::probability_view<Space>::ragged(d_probs.span(), qo.span(), q_heads, columns));
+      launched(be.observe_probabilities(policy, cache, state,
+                               sh::probability_view<Space>::ragged(d_probs.span(), qo.span(), q_heads, columns)));
       // Sized from the policy and the shapes alone (a view with no memory).
       auto shape_only = cache;
       shape_only.k_pages = {}, shape_only.v_pages = {}, shape_only.indptr = {}, shape_only.indices = {}, shape_only.last_page_len = {};
       typename mem::template array<std::byte> workspace(
           std::vector<std::byte>(sh::backend<Space>::compress_workspace_bytes(policy, shape_only, shape)));
-      be.compress(policy, cache, state, budget, workspace.span(), {new_lengths.span(), freed.span()});
+      launched(be.compress(policy, cache, state, budget, workspace.span(), {new_lengths.span(), freed.span()}));
     }
     // Once after the last layer: the table shrinks, the pages go back.
     typename mem::template array<std::int32_t> released(std::vector<std::int32_t>(num_pages, -1));
     typename mem::template array<sh::shrink_result> result(std::vector<sh::shrink_result>(1));
-    be.shrink_page_table(d_indptr.span(), d_indices.span(), d_last.span(), page_size,
-                         sh::span<const std::int32_t, Space>(new_lengths.span()), released.span(), result.span());
+    launched(be.shrink_page_table(d_indptr.span(), d_indices.span(), d_last.span(), page_size,
+                         sh::span<const std::int32_t, Space>(new_lengths.span()), released.span(), result.span()));
     const sh::shrink_result r = result.download()[0];
     const std::vector<std::int32_t> gone = released.download();
     for (std::int32_t i = 0; i < r.released; ++i) free_pages.push_back(gone[std::size_t(i)]);

@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <set>
 #include <vector>
 
@@ -87,4 +89,35 @@ TEST_CASE("one API: the engine loop written against backend<Space> runs on the h
   counter.config.recent = 3;
   counter.config.evict_count = 5;
   check_transcript(counter);
+}
+
+TEST_CASE("one API: backend<host> returns host_status::success and takes HeadDim", "[one_api]") {
+  const sh::backend<sh::memory_space::host> be;
+  static_assert(std::is_same_v<decltype(be.reset_state(sh::eviction_state<sh::memory_space::host>{})),
+                               sh::host_status>);
+  STATIC_REQUIRE(sh::succeeded(sh::host_status::success));
+  // One sequence of 3 tokens, one KV head of head_dim 4, one query.
+  constexpr std::int32_t D = 4, C = 8;
+  std::vector<float> k(std::size_t{C} * D, 0.5f), v(k.size(), 0.25f), q(D, 1.0f);
+  std::vector<std::int32_t> lengths{3};
+  const auto cache = sh::make_kv_view<float, sh::memory_space::host>({k.data(), k.size()}, {v.data(), v.size()},
+                                                                     {lengths.data(), 1}, 1, 1, D, C,
+                                                                     sh::named_layout::nhd);
+  sh::h2o_policy policy;
+  const sh::state_shape shape{1, 1, C, policy.ring_words()};
+  std::vector<std::byte> bytes(sh::state_bytes(shape) + 256);
+  auto* at = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(bytes.data()) + 255) / 256 * 256);
+  const auto state = sh::make_state(sh::host_span<std::byte>(at, sh::state_bytes(shape)), shape);
+  REQUIRE(sh::succeeded(be.reset_state(state)));
+  const auto queries = sh::query_view<float, sh::memory_space::host>::dense({q.data(), q.size()}, 1, 1, D);
+  // The device compiles only HeadDim's kernel; both backends refuse a cache of another head_dim.
+  try {
+    (void)be.observe_queries<64>(policy, cache, state, queries, {});
+    FAIL("observe_queries<64> accepted a cache of head_dim 4");
+  } catch (const sh::invalid_argument& e) {
+    CHECK(e.argument() == "cache.head_dim");
+  }
+  CHECK(state.tracked[0] == 0);  // refused before anything was written
+  CHECK(sh::succeeded(be.observe_queries(policy, cache, state, queries, {})));
+  CHECK(state.tracked[0] == 3);
 }

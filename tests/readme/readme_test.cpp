@@ -180,9 +180,8 @@ int main() {
              "layers agree on the new lengths, and they follow length_after_compress", step);
     std::vector<std::int32_t> released(static_cast<std::size_t>(num_pages), -1);
     sh::shrink_result result{-1, 7};
-    ev.end_of_step({indptr.data(), indptr.size()}, {indices.data(), indices.size()},
-                   {last_page_len.data(), last_page_len.size()}, page_size,
-                   {new_lengths[0].data(), new_lengths[0].size()}, {released.data(), released.size()}, {&result, 1});
+    ev.end_of_step(layer_view(0), {new_lengths[0].data(), new_lengths[0].size()}, {released.data(), released.size()},
+                   {&result, 1});
     expect(result.status == 0, "the host's shrink_result status is 0", step);
     const auto n = static_cast<std::size_t>(result.released);
     std::size_t expected_release = 0;
