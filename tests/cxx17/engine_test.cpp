@@ -289,7 +289,14 @@ void run_paged_scenario() {
   // of 3 slots gives the C++20 API's state bytes, and not plain softmax's
   // (a copy observed with attention{}).
   {
-    const std::vector<std::int32_t> qo_indptr{0, 1, 2, 3, 3};  // each live sequence's last token
+    // The next step appends a token to each live sequence and observes it
+    // (each query is a new token).
+    const std::int32_t next_step[] = {1, 1, 1, 0};
+    std::vector<float> kv(std::size_t{3} * 2 * kv_heads * head_dim);
+    for (float& x : kv) x = values.next();
+    bridged.append(next_step, kv);
+    reference.append(next_step, kv);
+    const std::vector<std::int32_t> qo_indptr{0, 1, 2, 3, 3};  // each live sequence's new token
     std::vector<float> queries(std::size_t{3} * q_heads * head_dim);
     for (float& x : queries) x = values.next();
     const auto q = api::queries::ragged(queries.data(), queries.size(), qo_indptr.data(), q_heads, head_dim);
@@ -331,9 +338,12 @@ void run_paged_scenario() {
     scratch.indptr = bridged.indptr;
     scratch.indices = bridged.indices;
     scratch.last_page_len = bridged.last_page_len;
+    scratch.free_pages = bridged.free_pages;
     std::memcpy(scratch.state.data, bridged.state.data, bytes);
     br::state scratch_state = state;
     scratch_state.buffer = scratch.state.data;
+    const std::int32_t next_step[] = {1, 1, 1, 0};  // a new token to observe
+    scratch.append(next_step, std::vector<float>(std::size_t{3} * 2 * kv_heads * head_dim, 0.5f));
     check_ok(api::observe_queries(s, scratch.cache(), scratch_state, good_queries, good_lse),
              "the bad-input baseline is accepted");
   }

@@ -169,8 +169,9 @@ struct step_inputs {
     // Any finite lse works for counting; 1/n-ish probabilities keep observe's checks happy.
     for (auto& x : lse) x = 3.0f;
     for (auto& p : probs) p = 1.0f / 64.0f;
-    // Ragged: sequences get 0..chunk queries (position 2 is padding, it gets none).
-    const std::int32_t counts[batch] = {chunk, 1, 0, 2, chunk};
+    // Ragged: a query per appended token (each query is a new token), none
+    // for position 2, a padding slot.
+    const std::int32_t counts[batch] = {chunk, chunk, 0, chunk, chunk};
     qo[0] = 0;
     for (std::int32_t b = 0; b < batch; ++b)
       qo[static_cast<std::size_t>(b) + 1] = qo[static_cast<std::size_t>(b)] + counts[b];
@@ -279,19 +280,24 @@ TEST_CASE("allocation: no per-step entry point allocates (contiguous cache)", "[
   for (std::int32_t step = 0; step < 30; ++step) {
     for (std::int32_t b = 0; b < batch; ++b)
       if (state_rows_of_batch[b] >= 0) lengths[static_cast<std::size_t>(b)] += chunk;
-    // Layer 0 (H2O) and layer 1 (Scissorhands) are observed through every input form.
-    count.run("host::observe_queries (uniform, lse)",
-              [&] { sh::host::observe_queries(h2o, c0, hs, in.uniform_queries(), in.uniform_lse()); });
-    count.run("host::observe_queries (uniform, no lse)",
-              [&] { sh::host::observe_queries(sch, c1, ss, in.uniform_queries()); });
-    count.run("host::observe_queries (ragged, lse)",
-              [&] { sh::host::observe_queries(h2o, c0, hs, in.ragged_queries(), in.ragged_lse()); });
-    count.run("host::observe_queries (ragged, no lse)",
-              [&] { sh::host::observe_queries(sch, c1, ss, in.ragged_queries(), {}, 0.2f); });
-    count.run("host::observe_probabilities (uniform)",
-              [&] { sh::host::observe_probabilities(sch, c1, ss, in.uniform_probs()); });
-    count.run("host::observe_probabilities (ragged)",
-              [&] { sh::host::observe_probabilities(h2o, c0, hs, in.ragged_probs()); });
+    // Layer 0 (H2O) and layer 1 (Scissorhands) are observed once a step
+    // (each query is a new token), through every input form in turn.
+    if (step % 3 == 0) {
+      count.run("host::observe_queries (uniform, lse)",
+                [&] { sh::host::observe_queries(h2o, c0, hs, in.uniform_queries(), in.uniform_lse()); });
+      count.run("host::observe_queries (uniform, no lse)",
+                [&] { sh::host::observe_queries(sch, c1, ss, in.uniform_queries()); });
+    } else if (step % 3 == 1) {
+      count.run("host::observe_queries (ragged, lse)",
+                [&] { sh::host::observe_queries(h2o, c0, hs, in.ragged_queries(), in.ragged_lse()); });
+      count.run("host::observe_queries (ragged, no lse)",
+                [&] { sh::host::observe_queries(sch, c1, ss, in.ragged_queries(), {}, 0.2f); });
+    } else {
+      count.run("host::observe_probabilities (uniform)",
+                [&] { sh::host::observe_probabilities(sch, c1, ss, in.uniform_probs()); });
+      count.run("host::observe_probabilities (ragged)",
+                [&] { sh::host::observe_probabilities(h2o, c0, hs, in.ragged_probs()); });
+    }
     count.run("host::admit", [&] { sh::host::admit(streaming, c2, ts); });
     const bool triggers = std::ranges::any_of(lengths, [](std::int32_t len) { return len >= budget; });
     const char* name = triggers ? "host::compress (triggering)" : "host::compress (not triggering)";
@@ -394,20 +400,31 @@ TEST_CASE("allocation: no per-step entry point allocates (paged cache, shared ta
       const auto cache = view_of(l);
       const auto st = states[static_cast<std::size_t>(l)].state.for_batch(map);
       const sh::compress_output<host> out{{new_lengths[l].data(), batch}, {freed[l].data(), batch}};
-      if (step % 2 == 0) {
-        count.run("host::observe_queries (ragged, lse)",
-                  [&] { sh::host::observe_queries(h2o, cache, st, in.ragged_queries(), in.ragged_lse()); });
-        count.run("host::observe_queries (uniform, no lse)",
-                  [&] { sh::host::observe_queries(h2o, cache, st, in.uniform_queries()); });
-      } else {
-        count.run("host::observe_queries (uniform, lse)",
-                  [&] { sh::host::observe_queries(h2o, cache, st, in.uniform_queries(), in.uniform_lse()); });
-        count.run("host::observe_probabilities (ragged)",
-                  [&] { sh::host::observe_probabilities(h2o, cache, st, in.ragged_probs()); });
-        count.run("host::observe_queries (ragged, no lse)",
-                  [&] { sh::host::observe_queries(h2o, cache, st, in.ragged_queries()); });
-        count.run("host::observe_probabilities (uniform)",
-                  [&] { sh::host::observe_probabilities(h2o, cache, st, in.uniform_probs()); });
+      // Once a step (each query is a new token), every input form in turn.
+      switch ((step + l) % 6) {
+        case 0:
+          count.run("host::observe_queries (ragged, lse)",
+                    [&] { sh::host::observe_queries(h2o, cache, st, in.ragged_queries(), in.ragged_lse()); });
+          break;
+        case 1:
+          count.run("host::observe_queries (uniform, no lse)",
+                    [&] { sh::host::observe_queries(h2o, cache, st, in.uniform_queries()); });
+          break;
+        case 2:
+          count.run("host::observe_queries (uniform, lse)",
+                    [&] { sh::host::observe_queries(h2o, cache, st, in.uniform_queries(), in.uniform_lse()); });
+          break;
+        case 3:
+          count.run("host::observe_probabilities (ragged)",
+                    [&] { sh::host::observe_probabilities(h2o, cache, st, in.ragged_probs()); });
+          break;
+        case 4:
+          count.run("host::observe_queries (ragged, no lse)",
+                    [&] { sh::host::observe_queries(h2o, cache, st, in.ragged_queries()); });
+          break;
+        default:
+          count.run("host::observe_probabilities (uniform)",
+                    [&] { sh::host::observe_probabilities(h2o, cache, st, in.uniform_probs()); });
       }
       (triggers ? triggered : not_triggered) += 1;
       count.run(triggers ? "host::compress (triggering)" : "host::compress (not triggering)",

@@ -709,17 +709,25 @@ struct fixture {
     sh::host::reset_state(sh::make_state(mem.span(), shape));
     for (const std::int32_t len : {budget - 1, budget}) {
       for (std::int32_t b : active)
-        while (cache.length(b) < len) {
-          const std::int32_t t = cache.append(b);
-          for (std::int32_t h = 0; h < H; ++h)
-            for (std::int32_t d = 0; d < D; ++d) {
-              cache.row(0, b, h, t)[d] = token_value(0, b, h, t, d);
-              cache.row(1, b, h, t)[d] = token_value(1, b, h, t, d);
-            }
-        }
+        while (cache.length(b) < len) append(b);
       make_probs();
       sh::host::observe_probabilities(policy, cache.view(), state, probability());
     }
+  }
+  void append(std::int32_t b) {
+    const std::int32_t t = cache.append(b);
+    for (std::int32_t h = 0; h < H; ++h)
+      for (std::int32_t d = 0; d < D; ++d) {
+        cache.row(0, b, h, t)[d] = token_value(0, b, h, t, d);
+        cache.row(1, b, h, t)[d] = token_value(1, b, h, t, d);
+      }
+  }
+  // The next decode step: a token appended to each active sequence and its
+  // query's probabilities, what another observe call needs (each query is
+  // a new token).
+  void next_step() {
+    for (std::int32_t b : active) append(b);
+    make_probs();
   }
   static Policy make_policy() {
     Policy p;
@@ -800,6 +808,7 @@ TEST_CASE("parallel: refused plans, slices and thread counts write nothing", "[p
     CHECK(serial.snapshot() == f.snapshot());
   }
   SECTION("observe plans refuse bad slices, and have no slice limit") {
+    f.next_step();
     const auto plan = sh::host::plan_observe_probabilities(p, view, f.state, f.probability());
     REQUIRE(plan.max_slices() == std::numeric_limits<std::int32_t>::max());
     check_refused(f, "host::plan_observe_probabilities", "slice.index", [&] { plan.run({5, 5}); });
@@ -900,11 +909,16 @@ TEST_CASE("parallel: plan units are as documented, a slice is a contiguous share
   constexpr std::int64_t B = 4, H = 2;
   SECTION("observe: one unit per (sequence, KV head), padding slots included") {
     fixture<sh::h2o_policy> f;
+    f.next_step();
     const auto plan = sh::host::plan_observe_probabilities(f.policy, f.cache.view(), f.state, f.probability());
     CHECK(plan.units() == B * H);
-    std::vector<float> q(static_cast<std::size_t>(f.tokens() * f.H * f.G * f.D), 0.25f);
-    const auto qv = sh::query_view<float, host>::ragged({q.data(), q.size()}, {f.qo.data(), f.qo.size()}, f.H * f.G, f.D);
-    CHECK(sh::host::plan_observe_queries(f.policy, f.cache.view(), f.state, qv).units() == B * H);
+    // The same step observed from queries, on a state of its own (a state
+    // observes a step once).
+    fixture<sh::h2o_policy> g;
+    g.next_step();
+    std::vector<float> q(static_cast<std::size_t>(g.tokens() * g.H * g.G * g.D), 0.25f);
+    const auto qv = sh::query_view<float, host>::ragged({q.data(), q.size()}, {g.qo.data(), g.qo.size()}, g.H * g.G, g.D);
+    CHECK(sh::host::plan_observe_queries(g.policy, g.cache.view(), g.state, qv).units() == B * H);
   }
   SECTION("a lone slice i of n does a contiguous, balanced share, in slice order") {
     // Which (sequence, head) units slice i of n changed alone, from the
@@ -915,6 +929,7 @@ TEST_CASE("parallel: plan units are as documented, a slice is a contiguous share
       for (std::int32_t i = 0; i < n; ++i) {
         INFO("slice " << i);
         fixture<sh::h2o_policy> g(false);
+        g.next_step();
         const auto plan = sh::host::plan_observe_probabilities(g.policy, g.cache.view(), g.state, g.probability());
         REQUIRE(plan.units() == B * H);
         const auto before = g.mem.snapshot();
@@ -966,6 +981,8 @@ TEST_CASE("parallel: plan units are as documented, a slice is a contiguous share
     CHECK(serial.snapshot() == g.snapshot());
     // Threads too, on an observe plan: n threads over B * H units.
     fixture<sh::scissorhands_policy> a, b;
+    a.next_step();
+    b.next_step();
     sh::host::observe_probabilities(a.policy, a.cache.view(), a.state, a.probability());
     sh::host::run_on_threads(sh::host::plan_observe_probabilities(b.policy, b.cache.view(), b.state, b.probability()), n);
     CHECK(a.snapshot() == b.snapshot());
