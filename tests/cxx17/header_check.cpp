@@ -48,5 +48,13 @@ static_assert(std::is_same_v<decltype(header_check::tokens::forget(br::settings{
                                                                     br::selection{})),
                              br::error>);
 static_assert(noexcept(header_check::tokens::select_workspace_bytes(br::token_table{}, br::state_shape{})));
+static_assert(std::is_same_v<decltype(header_check::tokens::compact(br::settings{}, br::paged_cache<float>{},
+                                                                     br::state{}, br::selection{}, nullptr, 0)),
+                             br::error>);
+static_assert(noexcept(header_check::tokens::compact(br::settings{}, br::paged_cache<br::fp16_bits>{}, br::state{},
+                                                     br::selection{}, nullptr, 0)));
+static_assert(std::is_same_v<decltype(header_check::tokens::compact_workspace_bytes(br::paged_cache<float>{})),
+                             std::size_t> &&
+              noexcept(header_check::tokens::compact_workspace_bytes(br::paged_cache<br::fp16_bits>{})));
 static_assert(br::max_evictions(20, 16, 2) == 6 && br::max_evictions(10, 16, 2) == 0);
 static_assert(br::model_state{}.for_batch(nullptr).layers == 0);

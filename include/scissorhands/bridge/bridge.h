@@ -10,8 +10,8 @@
 // header and calls the functions SCISSORHANDS_BRIDGE_DECLARE declares. They
 // are noexcept and return an `error` value: code, function, argument and
 // message in fixed buffers (no allocation, no std::string). When one fails,
-// nothing the caller owns was written (except the compress workspace, which
-// is scratch), as with the throwing API.
+// nothing the caller owns was written (except the compress and compact
+// workspaces, which are scratch), as with the throwing API.
 //
 // Everything here is plain data: pointers, sizes (in elements), strides and
 // shapes, the same fields the C++20 views hold and with the same names.
@@ -333,7 +333,7 @@ struct model_state {
   std::size_t layer_bytes = 0;               // one layer's state bytes: make_model_state fills it
   const std::int32_t* state_rows = nullptr;  // [batch]
 
-  // Layer l's state, seen through the same batch (admit, observe, forget).
+  // Layer l's state, seen through the same batch (admit, observe, compact, forget).
   // Not constexpr: a void* cannot be offset in a constant expression. For l
   // outside [0, layers) it is a state with no buffer, which every call
   // refuses (naming state.buffer and this bound) instead of reading past
@@ -365,9 +365,11 @@ struct compress_output {
 
 // What select writes (eviction_selection): per sequence, the slots that
 // leave and its length afterwards; stride >= max_evictions(shape.capacity,
-// budget, m). Nothing moves: the engine frees cache_slots in its allocator,
-// removes them from each sequence's list keeping the others' order, and
-// calls forget for every layer.
+// budget, m). select moves nothing. Either the engine frees cache_slots in
+// its allocator, removes them from each sequence's list keeping the others'
+// order, and calls forget for every layer; or it calls compact for every
+// layer, which moves the kept K/V rows into the holes, and then applies
+// out.new_lengths (freeing each sequence's trailing slots).
 struct selection {
   std::int32_t stride = 0;
   std::int32_t* counts = nullptr;       // [batch] slots evicted from sequence b
@@ -527,12 +529,23 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
 
 
 // Declares, in namespace `ns`, the token-level (shared_layers) functions of
-// one policy for an engine that owns its cache slots and hands the library
-// no K/V (llama.cpp): per step, admit or observe_probabilities every layer
-// (model.layer(l) seen through the batch), select once, free the chosen
-// cache_slots and keep the rest in order, then forget every layer (with the
-// table as it was before the removal), and apply new_lengths. Use its own
-// namespace (not one SCISSORHANDS_BRIDGE_DECLARE also uses).
+// one policy: one choice of slots per sequence for every layer. Per step,
+// admit or observe every layer (model.layer(l) seen through the batch),
+// select once, then one of two endings, with the table as it was before
+// anything is removed:
+//   - forget, for an engine that owns its cache slots and moves its rows
+//     itself (llama.cpp's cells): it frees the chosen cache_slots, keeps the
+//     rest of each sequence's list in order, then forgets every layer (the
+//     state drops the same slots, in order; K and V are not touched) and
+//     applies new_lengths.
+//   - compact, for an engine whose K/V rows the library moves (a block table,
+//     vLLM's way): compact every layer with that layer's K and V; the library
+//     moves the kept rows of K, V and the state into the holes
+//     (settings.compaction_mode) and leaves the table alone; then the engine
+//     applies new_lengths once: sequence b keeps its first new_lengths[b]
+//     slots, and trailing pages left empty are freed (at page size 1, the
+//     cells past new_lengths[b]).
+// Use its own namespace (not one SCISSORHANDS_BRIDGE_DECLARE also uses).
 //
 //   default_settings(&settings)                   the policy's own defaults (its preset's numbers)
 //   make_state_shape(settings, rows, kv_heads, capacity, &shape)  ring_words from the policy
@@ -550,6 +563,12 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
 //                                                 layers are combined (what select ranks)
 //   select_workspace_bytes(table, shape)          cannot fail
 //   select(settings, table, model, budget, workspace, workspace_bytes, selection, pinned_prefix)
+//   compact_workspace_bytes(cache)                cannot fail (a byte per pool page: cache.num_pages)
+//   compact(settings, cache, model.layer(l), selection, workspace, workspace_bytes)
+//                                                 the layer's K and V as a paged_cache<float or
+//                                                 fp16_bits> over the table's indptr/indices/page
+//                                                 size (llama.cpp-like cells: page size 1); V is
+//                                                 required (refused: cache.v_pages)
 //   forget(settings, table, model.layer(l), selection)
 #define SCISSORHANDS_BRIDGE_DECLARE_TOKEN_LEVEL(ns)                                                                    \
   namespace ns {                                                                                                       \
@@ -597,6 +616,19 @@ constexpr std::int32_t max_evictions(std::int32_t state_capacity, std::int32_t b
                                        void* workspace, std::size_t workspace_bytes,                                   \
                                        const ::scissorhands::bridge::selection& selection,                             \
                                        const std::int32_t* pinned_prefix = nullptr) noexcept;                          \
+  std::size_t compact_workspace_bytes(const ::scissorhands::bridge::paged_cache<float>& cache) noexcept;               \
+  std::size_t compact_workspace_bytes(                                                                                 \
+      const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& cache) noexcept;                   \
+  ::scissorhands::bridge::error compact(const ::scissorhands::bridge::settings& settings,                              \
+                                        const ::scissorhands::bridge::paged_cache<float>& cache,                       \
+                                        const ::scissorhands::bridge::state& state,                                    \
+                                        const ::scissorhands::bridge::selection& selection, void* workspace,           \
+                                        std::size_t workspace_bytes) noexcept;                                         \
+  ::scissorhands::bridge::error compact(                                                                               \
+      const ::scissorhands::bridge::settings& settings,                                                                \
+      const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& cache,                             \
+      const ::scissorhands::bridge::state& state, const ::scissorhands::bridge::selection& selection,                  \
+      void* workspace, std::size_t workspace_bytes) noexcept;                                                          \
   ::scissorhands::bridge::error forget(const ::scissorhands::bridge::settings& settings,                               \
                                        const ::scissorhands::bridge::token_table& table,                               \
                                        const ::scissorhands::bridge::state& state,                                     \

@@ -463,6 +463,28 @@ error local_scores(const settings& s, const token_table& table, const model_stat
   });
 }
 
+template <class Cache>
+std::size_t compact_workspace_bytes(const Cache& cache) noexcept {
+  return host::compact_workspace_bytes(view_of(cache));  // shape arithmetic only: cannot throw
+}
+
+// compact takes the descriptor the token-level observe_queries takes (a
+// paged_cache over the table's pages), whose V may be absent there; compact
+// moves V rows too, so an absent or empty V is refused first, saying why.
+template <class Policy, class Cache>
+error compact(const settings& s, const Cache& cache, const state& st, const selection& sel, void* workspace,
+              std::size_t workspace_bytes) noexcept {
+  return guarded([&] {
+    const char* fn = "host::compact";
+    const Policy policy = policy_of<Policy>(s);
+    require(cache.v_pages != nullptr && cache.v_size > 0, fn, "cache.v_pages",
+            "must hold the layer's V (non-null, v_size > 0): compact moves V rows with K (only observe_queries "
+            "may leave V absent)");
+    host::compact(policy, view_of(cache), state_of(fn, st, cache.batch), selection_of(sel, cache.batch),
+                  host_span<std::byte>(static_cast<std::byte*>(workspace), workspace_bytes));
+  });
+}
+
 template <class Policy>
 error forget(const settings& s, const token_table& table, const state& st, const selection& sel) noexcept {
   return guarded([&] {
@@ -682,6 +704,26 @@ inline error shrink_page_table(const page_table& table, const std::int32_t* new_
                                            const std::int32_t* pinned_prefix) noexcept {                               \
     return ::scissorhands::bridge::detail::select<ns::policy_type>(s, table, model, budget, workspace,                 \
                                                                    workspace_bytes, sel, pinned_prefix);               \
+  }                                                                                                                    \
+  std::size_t ns::compact_workspace_bytes(const ::scissorhands::bridge::paged_cache<float>& cache) noexcept {          \
+    return ::scissorhands::bridge::detail::compact_workspace_bytes(cache);                                             \
+  }                                                                                                                    \
+  std::size_t ns::compact_workspace_bytes(                                                                             \
+      const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& cache) noexcept {                  \
+    return ::scissorhands::bridge::detail::compact_workspace_bytes(cache);                                             \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::compact(                                                                           \
+      const ::scissorhands::bridge::settings& s, const ::scissorhands::bridge::paged_cache<float>& cache,              \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::selection& sel, void* workspace,          \
+      std::size_t workspace_bytes) noexcept {                                                                          \
+    return ::scissorhands::bridge::detail::compact<ns::policy_type>(s, cache, st, sel, workspace, workspace_bytes);    \
+  }                                                                                                                    \
+  ::scissorhands::bridge::error ns::compact(                                                                           \
+      const ::scissorhands::bridge::settings& s,                                                                       \
+      const ::scissorhands::bridge::paged_cache<::scissorhands::bridge::fp16_bits>& cache,                             \
+      const ::scissorhands::bridge::state& st, const ::scissorhands::bridge::selection& sel, void* workspace,          \
+      std::size_t workspace_bytes) noexcept {                                                                          \
+    return ::scissorhands::bridge::detail::compact<ns::policy_type>(s, cache, st, sel, workspace, workspace_bytes);    \
   }                                                                                                                    \
   ::scissorhands::bridge::error ns::forget(const ::scissorhands::bridge::settings& s,                                  \
                                            const ::scissorhands::bridge::token_table& table,                           \
