@@ -10,6 +10,9 @@
 //                          path).
 //   observe_probabilities  decode step from [batch][32][budget] fp32
 //                          probabilities.
+//                          Both observe the last token as a new one each
+//                          call (layer::rewind_last_token, untimed): it is
+//                          admitted, then scored with the others.
 //   compress m=1 / m=B/16  each timed call triggers on every sequence
 //                          (length == budget, e = m) on a state restored
 //                          (untimed) from a pristine copy: positions 0..B-1,
@@ -78,7 +81,8 @@
 //   us_back_to_back  observe: mean of 20 calls issued back to back, all
 //                 enqueued behind a spin kernel long enough that the host's
 //                 launches are done before the first runs (device-bound; L2
-//                 warm after the first);
+//                 warm after the first), each after its rewind (a copy of
+//                 `batch` integers, timed alone as us_rewind);
 //   GBps          effective bandwidth: the bytes the call must move (reads +
 //                 writes, listed per benchmark) per second;
 //   pct_copy      GBps as a percentage of the copy bandwidth (a 512 MiB
@@ -311,6 +315,20 @@ struct layer {
   // The library never writes the lengths: only the state needs restoring.
   void restore() { CHECK(cudaMemcpyAsync(state_buf->p, pristine->p, state_size, cudaMemcpyDeviceToDevice, stream)); }
   void require_ok(benchmark::State& s) { require_clear(s, stream, {state}); }
+  // A decode step's token, once more: every row tracks `budget - 1` slots,
+  // so the next observe admits the last token and its query is a new
+  // token's (observe flags status_new_tokens for a query whose token a
+  // query already saw). One copy of `batch` integers on the stream.
+  std::unique_ptr<device_array<std::int32_t>> before_last;
+  void rewind_last_token() {
+    if (!before_last) {
+      before_last = std::make_unique<device_array<std::int32_t>>(static_cast<std::size_t>(batch));
+      const std::vector<std::int32_t> h(static_cast<std::size_t>(batch), budget - 1);
+      CHECK(cudaMemcpy(before_last->p, h.data(), sizeof(std::int32_t) * h.size(), cudaMemcpyHostToDevice));
+    }
+    CHECK(cudaMemcpyAsync(state.tracked, before_last->p, sizeof(std::int32_t) * before_last->n,
+                          cudaMemcpyDeviceToDevice, stream));
+  }
 };
 
 double g_copy_bandwidth = 0.0;  // bytes read + written per second
@@ -398,27 +416,41 @@ void bm_copy(benchmark::State& s, int batch, int budget) {
 // consecutive tokens are adjacent and these are the bytes DRAM moves).
 double observe_state_bytes(const layer& l) { return l.tokens() * (2.0 * 8 + 2.0 * 4); }
 
+// Observe steps back to back, each after the rewind that makes its token
+// new again: us_back_to_back counts the rewind's copy, us_rewind the copy
+// alone (the same run), so the step is their difference. The status words
+// are checked after (a step skipped as observed twice would time nothing).
+template <class Call>
+void back_to_back_steps(benchmark::State& s, layer& l, Call&& call) {
+  s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, [&] {
+    l.rewind_last_token();
+    call();
+  }) * 1e6;
+  l.require_ok(s);
+  s.counters["us_rewind"] = time_back_to_back(l.stream, 20, [&] { l.rewind_last_token(); }) * 1e6;
+}
+
 void bm_observe_queries(benchmark::State& s, int batch, int budget, int state_slots) {
   layer l(batch, budget, state_slots);
   const auto q = sh::query_view<T, sh::memory_space::device>::dense({l.queries.p, l.queries.n}, q_heads, 1, head_dim);
   const auto lse = sh::lse_view<sh::memory_space::device>::dense({l.lse.p, l.lse.n}, q_heads, 1, sh::lse_base::natural);
   auto call = [&] { CHECK(sh::cuda::observe_queries(l.policy, l.view(), l.state, q, lse, 0.0f, l.stream)); };
-  const double t = time_calls(s, l.stream, [] {}, call);
+  const double t = time_calls(s, l.stream, [&] { l.rewind_last_token(); }, call);
   l.require_ok(s);
   report(s, l, l.k_bytes() + observe_state_bytes(l), t);
   s.counters["k_pct_copy"] = 100.0 * l.k_bytes() / t / g_copy_bandwidth;
-  s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
+  back_to_back_steps(s, l, call);
 }
 
 void bm_observe_probabilities(benchmark::State& s, int batch, int budget, int state_slots) {
   layer l(batch, budget, state_slots);
   const auto pv = sh::probability_view<sh::memory_space::device>::dense({l.probs.p, l.probs.n}, q_heads, 1, budget);
   auto call = [&] { CHECK(sh::cuda::observe_probabilities(l.policy, l.view(), l.state, pv, l.stream)); };
-  const double t = time_calls(s, l.stream, [] {}, call);
+  const double t = time_calls(s, l.stream, [&] { l.rewind_last_token(); }, call);
   l.require_ok(s);
   // The check kernel reads the probabilities too: counted twice.
   report(s, l, 2.0 * l.probs.n * sizeof(float) + observe_state_bytes(l), t);
-  s.counters["us_back_to_back"] = time_back_to_back(l.stream, 20, call) * 1e6;
+  back_to_back_steps(s, l, call);
 }
 
 // Bytes compress (fill_holes) must move: position, score and observed

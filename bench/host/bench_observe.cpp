@@ -19,6 +19,8 @@
 //          counted as its codes plus its fp32 group parameters (136 and 72
 //          bytes per row at head_dim 128).
 // items = (sequence, KV head, token) triples observed.
+// Each timed step observes the last token as a new one (rewind_last_token):
+// admitted, then scored with the others, as a decode step's token is.
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -82,6 +84,7 @@ void observe_probabilities(benchmark::State& st, std::int32_t batch, std::int32_
   sh::host::observe_probabilities(policy, l.cache, l.state, probs);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
+    rewind_last_token(l);
     if (threads == 0)
       sh::host::observe_probabilities(policy, l.cache, l.state, probs);
     else
@@ -199,6 +202,7 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   sh::host::observe_queries(policy, cache, l.state, queries, lse);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
+    rewind_last_token(l);
     if (threads == 0)
       sh::host::observe_queries(policy, cache, l.state, queries, lse);
     else

@@ -144,6 +144,14 @@ inline void set_lengths(const layer& l, std::int32_t length) {
   for (std::int32_t b = 0; b < l.batch; ++b) l.lengths[static_cast<std::size_t>(b)] = length;
 }
 
+// A decode step's token, once more: the state forgets that it tracks each
+// sequence's last token, so the next observe admits it and its query is a
+// new token's (observe refuses a query whose token a query already saw).
+// `batch` integer writes, left in the timed loop: nothing next to a step.
+inline void rewind_last_token(const layer& l) {
+  for (std::int32_t b = 0; b < l.batch; ++b) l.state.tracked[b] = l.lengths[static_cast<std::size_t>(b)] - 1;
+}
+
 // What an engine does after compress (after the last layer that shares the
 // lengths): copy the new lengths into its own. O(batch), never timed.
 inline void apply_new_lengths(const layer& l) {
