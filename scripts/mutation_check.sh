@@ -36,6 +36,8 @@ mutations=(
   "fill_holes_starts_early|host/detail/eviction.hpp|std::int32_t source = kept;|std::int32_t source = kept - 1;|fuzz_replay"
   "bridge_drops_sinks|bridge/bridge_impl.hpp|  to.sinks = from.sinks;||cxx17_engine"
   "mma_b_words_swapped|cuda/detail/mma_layout.hpp|return 2 * (step % 2) + r; }|return 2 * (step % 2) + (1 - r); }|mma_layout"
+  "observed_twice_accepted|host/observe.hpp|if (state.observed[state.row_index(r, 0, t)] != 0.0f) [[unlikely]]|if (false)|bad_input"
+  "new_tokens_without_queries_accepted|host/observe.hpp|require(first_query <= tracked|require(true|bad_input"
   "model_layer_unbounded|model_state.hpp|require(l >= 0 && l < layers,|require(true,|bad_input"
   "nan_sorts_last|detail/eviction_key.hpp|if (x != x) return 0u;|if (x != x) return 0xFFFFFFFFu;|determinism"
   "shrink_view_page_size_ignored|token_table_view.hpp|writable(view.last_page_len), view.page_size};|writable(view.last_page_len), 2 * view.page_size};|bad_input"

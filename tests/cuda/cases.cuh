@@ -235,6 +235,27 @@ inline int draw_append(std::mt19937_64& rng, int step, int most, int len) {
   return std::min(add, most - len);
 }
 
+// The query counts the observe-step invariant (docs/integration.md) lets
+// sequence b of `state` (a batch's view of it) have this step, besides 0:
+// [least, most]. Once its row has observed a query, its queries are its
+// new tokens and, below them, tokens admitted without a query (observed
+// count 0); before, any of its last 1 .. len tokens. Empty (least > most)
+// when none is allowed. Read from the host's state, which the device's
+// equals after every compare.
+struct query_bounds {
+  int least = 1, most = 0;
+  bool empty() const { return least > most; }
+};
+inline query_bounds allowed_queries(const sh::eviction_state<host_space>& state, int b, int len) {
+  const int r = state.row(b);
+  if (r < 0 || len == 0) return {};
+  if (state.step[r] == 0) return {1, len};
+  const int tracked = state.tracked[r];
+  int unseen = 0;  // admitted without a query, just below the new tokens
+  while (unseen < tracked && state.observed[state.row_index(r, 0, tracked - 1 - unseen)] == 0.0f) ++unseen;
+  return {std::max(1, len - tracked), len - tracked + unseen};
+}
+
 // The scheduler reorders the batch; a contiguous cache's K/V rows (each of
 // `layers` layers of `elements`) move with their request, `block` elements
 // a batch position.

@@ -46,6 +46,7 @@ struct fixture {
   bool queries = false, ragged = false;
   std::int32_t q_len = 3;
   std::vector<std::int32_t> qo_indptr{0, 3};
+  std::int32_t observed_slot = -1;  // a slot a query already saw (observed count 1), or none
 };
 
 constexpr int H = 1, D = 1, capacity = 32, page_size = 4, num_pages = 8, max_pages = 6;
@@ -65,6 +66,7 @@ verdict judge(const Policy& policy, const fixture& f) {
   st.step[0] = f.step;
   st.tracked[0] = f.tracked;
   st.next_position[0] = f.next_position;
+  if (f.observed_slot >= 0) st.observed[st.row_index(0, 0, f.observed_slot)] = 1.0f;
   // The same bytes typed as the device's, read by the device checks on the host.
   const auto dst = sh::make_state(sh::span<std::byte, device_space>(state_buf.data(), state_buf.n), shape);
   const std::size_t elements = f.paged ? std::size_t{num_pages} * page_size * H * D : std::size_t{capacity} * H * D;
@@ -117,6 +119,7 @@ verdict judge(const Policy& policy, const fixture& f) {
   if (f.queries) {
     const auto device_probs = probs_of(std::integral_constant<sh::memory_space, device_space>{});
     kd::check_queries(kd::make_query_rows(device_probs, q_heads, device_probs.data.size()), 0, c);
+    c.own |= kd::check_new_tokens(dst, c, 0, 1);
   }
   if (f.paged)
     host_call(sh::make_paged_kv_view(sh::host_span<float>(k.data(), k.size()), sh::host_span<float>(v.data(), v.size()),
@@ -227,6 +230,24 @@ inline int run() {
   cases.push_back({"qo_indptr {-1, 2}: negative start", false, ragged({-1, 2}), "qo_indptr", qo, qo});
   cases.push_back({"qo_indptr {3, 2}: decreasing", false, ragged({3, 2}), "qo_indptr", qo, 0});
   cases.push_back({"qo_indptr {0, 0}: no query", false, ragged({0, 0}), "", 0, 0});
+  // The observe-step invariant: the queries are the state's new tokens.
+  const std::uint32_t stale = sh::cuda::status_new_tokens;
+  const auto with = [&](std::int32_t q, auto more) {
+    return [q, more](fixture& f) {
+      f.queries = true, f.q_len = q;
+      more(f);
+    };
+  };
+  cases.push_back({"q_len 3, slot 9 seen by a query (a layer observed twice)", false,
+                   with(3, [](fixture& f) { f.observed_slot = 9; }), "cache length", stale, 0});
+  cases.push_back({"q_len 3, slot 6 seen (before the queries)", false,
+                   with(3, [](fixture& f) { f.observed_slot = 6; }), "", 0, 0});
+  cases.push_back({"q_len 3, 5 new tokens after a query (new lengths not applied)", false,
+                   with(3, [](fixture& f) { f.tracked = 5; }), "cache length", stale, 0});
+  cases.push_back({"q_len 3, 5 new tokens before the row's first query", false,
+                   with(3, [](fixture& f) { f.tracked = 5, f.step = 0; }), "", 0, 0});
+  cases.push_back({"q_len 5, 5 new tokens after a query", false, with(5, [](fixture& f) { f.tracked = 5; }), "", 0,
+                   0});
   for (const parity_case& c : cases) {
     fixture f;
     f.paged = c.paged;

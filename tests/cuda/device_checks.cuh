@@ -74,11 +74,14 @@ struct fault_case {
     h_new.assign(B, -7);
     h_freed.assign(B, -7);
     // Warm up: a step on both sides, the new lengths applied, then new
-    // tokens: {13, 22, 21} (two sequences at the budget).
+    // tokens: {14, 22, 21} (two sequences above the budget), admitted on
+    // both sides, so that a call's one or two queries a sequence are its
+    // last tokens, none seen by a query (the observe-step invariant).
     both(op::observe);
     both(op::compress);
-    lengths = {h_new[0] + 1, h_new[1] + 4, h_new[2] + 3};
+    lengths = {h_new[0] + 2, h_new[1] + 4, h_new[2] + 3};
     upload();
+    both(op::admit);
   }
   static policy_t make_policy() {
     policy_t p;
@@ -456,6 +459,11 @@ int run_error_tests() {
     c.host_call(op::observe, 1);
     c.d_probs_vals = c.h_probs;
     c.d_probs.upload(c.d_probs_vals);
+    const auto next_token = [&c] {  // a step's new token each: its query is new
+      for (auto& l : c.lengths) ++l;
+      c.upload();
+    };
+    next_token();
     CUDA_CHECK(c.device_call(op::observe));  // valid data now, but row map[1] is frozen
     c.host_call(op::observe, 1);
     auto w = c.status();
@@ -465,6 +473,7 @@ int run_error_tests() {
                  "a flagged row stays skipped; the others match the host");
     sh::host::reset_sequence(c.hst0, c.map[1], 100);
     CUDA_CHECK(sh::cuda::reset_sequence(c.dst0, c.map[1], 100));
+    next_token();
     c.both(op::observe);
     w = c.status();
     dev = c.device_state_bytes();

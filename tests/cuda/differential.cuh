@@ -150,9 +150,14 @@ bool run_case(const config& c, mismatch_log& log) {
       reqs.len[q] = 0;
     }
     if (c.mapped && step > 0 && coin(rng, 0.5)) shuffle_batch<Paged>(rng, reqs, hk, hv, block, elements, 1);
-    // 1. The engine appends tokens (ragged, none for some).
+    // 1. The engine appends tokens (ragged, none for some). With one query
+    //    count for all (a dense query view), requests append alike after
+    //    the prompt, as a decode step does.
+    const bool dense_queries = attention && !c.ragged;
+    const int shared_add = uniform(rng, 0, 3);
     for (int q = 0; q < live; ++q) {
-      const int add = draw_append(rng, step, most, reqs.len[q]);
+      const int add = dense_queries && step > 0 ? std::min(shared_add, most - reqs.len[q])
+                                                : draw_append(rng, step, most, reqs.len[q]);
       for (int t = reqs.len[q]; t < reqs.len[q] + add; ++t)
         for (int h = 0; h < H; ++h) {
           std::int64_t ko, vo;
@@ -178,11 +183,13 @@ bool run_case(const config& c, mismatch_log& log) {
     const auto dview = device_view();
     const std::vector<int> observed_len = reqs.len;
 
-    // 2. This step's queries: uniform q_len (at most the shortest non-empty
-    //    sequence, 0 now and then) or ragged per sequence (0 for some,
-    //    anything for positions holding no token: they are skipped).
-    auto [min_len, max_len] = length_range(reqs);
-    if (min_len == std::numeric_limits<int>::max()) min_len = 8;
+    // 2. This step's queries, as many as the observe-step invariant allows
+    //    (allowed_queries): uniform q_len (0 now and then) or ragged per
+    //    sequence (0 for some, anything for positions holding no token:
+    //    they are skipped). A uniform count no sequence's new tokens fit
+    //    (a request reset or full) admits them first, on both sides, and
+    //    its queries are then the last of them.
+    const int max_len = length_range(reqs).second;
     const bool ragged = attention && c.ragged;
     int q_len = 0;
     std::vector<std::int32_t> h_qo(B + 1, 0);
@@ -190,18 +197,37 @@ bool run_case(const config& c, mismatch_log& log) {
     if (ragged) {
       for (int b = 0; b < B; ++b) {
         const int l = reqs.len_at(b);
+        const query_bounds allowed = allowed_queries(hst, b, l);
         if (l == 0)
           q_of[b] = uniform(rng, 0, 2);
-        else if (coin(rng, 0.2))
+        else if (allowed.empty() || coin(rng, 0.2))
           q_of[b] = 0;
         else
-          q_of[b] = coin(rng, 0.5) ? 1 : uniform(rng, 1, std::min(l, 8));
+          q_of[b] = coin(rng, 0.5) ? allowed.least
+                                   : uniform(rng, allowed.least, std::min(allowed.most, allowed.least + 7));
         h_qo[b + 1] = h_qo[b] + q_of[b];
       }
     } else if (attention) {
-      q_len = coin(rng, 0.05) ? 0
-              : step == 0     ? uniform(rng, 1, std::min(8, min_len))
-                              : (coin(rng, 0.8) ? 1 : uniform(rng, 1, std::min(3, min_len)));
+      const auto common = [&] {
+        query_bounds all{1, std::numeric_limits<int>::max()};
+        for (int b = 0; b < B; ++b) {
+          const int l = reqs.len_at(b);
+          if (l == 0) continue;
+          const query_bounds one = allowed_queries(hst, b, l);
+          all = {std::max(all.least, one.least), std::min(all.most, one.most)};
+        }
+        return all;
+      };
+      query_bounds all = common();
+      if (all.empty()) {
+        sh::host::admit(policy, hview, hst);
+        CUDA_CHECK(sh::cuda::admit(policy, dview, dst));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        all = common();
+      }
+      q_len = coin(rng, 0.05) || all.empty() ? 0
+              : step == 0 ? uniform(rng, all.least, std::min(all.most, std::max(all.least, 8)))
+                          : (coin(rng, 0.8) ? all.least : uniform(rng, all.least, std::min(all.most, all.least + 2)));
       for (int b = 0; b < B; ++b) q_of[b] = q_len;
     }
     const int tokens = ragged ? h_qo[B] : B * q_len;

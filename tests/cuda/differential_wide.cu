@@ -18,7 +18,11 @@ namespace differential {
 int run_wide_elements() {
   using policy_t = p_mass_decay_max;
   constexpr int B = 2, H = 2, G = 2, QH = H * G, D = 64, cap = 40;
-  const std::vector<std::int32_t> lengths{37, 21};
+  // Two steps: the first admits a prompt and observes its last token's
+  // query, the second appends a token and observes its query (the same
+  // query vector, the log-sum-exp of each step's keys).
+  const std::vector<std::int32_t> lengths_at[2] = {{36, 20}, {37, 21}};
+  std::vector<std::int32_t> lengths = lengths_at[0];
   policy_t policy;
   policy.config.recent = 4;
   std::mt19937_64 rng(64);
@@ -30,26 +34,28 @@ int run_wide_elements() {
                                                           {lengths.data(), lengths.size()}, B, H, D, cap,
                                                           sh::named_layout::nhd);
   const auto hq = sh::query_view<double, host_space>::dense({q.data(), q.size()}, QH, 1, D);
-  // The log-sum-exp an attention kernel would return (natural base).
+  // The log-sum-exp an attention kernel would return (natural base), per step.
   const double scale = 1.0 / std::sqrt(double{D});
-  std::vector<float> lse(std::size_t{B} * QH);
-  for (int b = 0; b < B; ++b)
-    for (int qh = 0; qh < QH; ++qh)
-      lse[static_cast<std::size_t>(b) * QH + qh] = static_cast<float>(reference_lse(lengths[b], scale, [&](int t) {
-        double dot = 0.0;
-        for (int x = 0; x < D; ++x)
-          dot += double(sh::to_float(hq.row(b, qh, 0)[x])) * sh::to_float(hview.k_row(b, qh / G, t)[x]);
-        return dot;
-      }));
+  std::vector<float> lse_at[2];
+  for (int step = 0; step < 2; ++step) {
+    lse_at[step].resize(std::size_t{B} * QH);
+    for (int b = 0; b < B; ++b)
+      for (int qh = 0; qh < QH; ++qh)
+        lse_at[step][static_cast<std::size_t>(b) * QH + qh] =
+            static_cast<float>(reference_lse(lengths_at[step][b], scale, [&](int t) {
+              double dot = 0.0;
+              for (int x = 0; x < D; ++x)
+                dot += double(sh::to_float(hq.row(b, qh, 0)[x])) * sh::to_float(hview.k_row(b, qh / G, t)[x]);
+              return dot;
+            }));
+  }
 
   device_buffer<double> d_k(k.size()), d_v(v.size()), d_q(q.size());
   device_buffer<std::int32_t> d_len(lengths.size());
-  device_buffer<float> d_lse(lse.size());
+  device_buffer<float> d_lse(std::size_t{B} * QH);
   d_k.upload(k);
   d_v.upload(v);
   d_q.upload(q);
-  d_len.upload(lengths);
-  d_lse.upload(lse);
   const auto dview = sh::make_kv_view<double, device_space>({d_k.data(), d_k.size()}, {d_v.data(), d_v.size()},
                                                             {d_len.data(), d_len.size()}, B, H, D, cap,
                                                             sh::named_layout::nhd);
@@ -65,13 +71,17 @@ int run_wide_elements() {
     const auto dst = sh::make_state(d_buf.span(), shape);
     sh::host::reset_state(hst);
     CUDA_CHECK(sh::cuda::reset_state(dst));
-    const auto hl = with_lse ? sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, 1, sh::lse_base::natural)
-                             : sh::lse_view<host_space>{};
-    const auto dl = with_lse ? sh::lse_view<device_space>::dense({d_lse.data(), d_lse.size()}, QH, 1, sh::lse_base::natural)
-                             : sh::lse_view<device_space>{};
-    // Two steps: the first admits every token, the second updates them.
     mismatch_log log;
     for (int step = 0; step < 2 && log.ok(); ++step) {
+      lengths = lengths_at[step];
+      d_len.upload(lengths);
+      std::vector<float>& lse = lse_at[step];
+      d_lse.upload(lse);
+      const auto hl = with_lse ? sh::lse_view<host_space>::dense({lse.data(), lse.size()}, QH, 1, sh::lse_base::natural)
+                               : sh::lse_view<host_space>{};
+      const auto dl = with_lse
+                          ? sh::lse_view<device_space>::dense({d_lse.data(), d_lse.size()}, QH, 1, sh::lse_base::natural)
+                          : sh::lse_view<device_space>{};
       sh::host::observe_queries(policy, hview, hst, hq, hl);
       CUDA_CHECK(sh::cuda::observe_queries(policy, dview, dst, dq, dl));
       CUDA_CHECK(cudaDeviceSynchronize());

@@ -217,10 +217,12 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
 
   for (int step = 0; step < 8; ++step) {
     // 1. Append: a prefill at step 0, then a token per sequence (sequence
-    // 1 skips every third step).
+    // 1 appends two every third step: the step admits both, and its one
+    // query is the last's).
     const int prefill[B] = {9, 17, 24};
+    const bool admit_first = step > 0 && step % 3 == 0;
     for (int b = 0; b < B; ++b) {
-      const int add = step == 0 ? prefill[b] : (b == 1 && step % 3 == 0 ? 0 : 1);
+      const int add = step == 0 ? prefill[b] : (b == 1 && admit_first ? 2 : 1);
       for (int i = 0; i < add; ++i) {
         ++c.lengths[b];
         c.rebuild_table();
@@ -265,6 +267,10 @@ bool run_case(const quantized_config& qc, Policy policy, std::uint64_t seed, mis
       dl = sh::lse_view<device_space>::dense({d_lse.data(), lse.size()}, QH, q_len, sh::lse_base::natural);
     }
     c.with_views([&](auto hv, auto dv) {
+      if (admit_first) {
+        sh::host::admit(policy, hv, hst);
+        CUDA_CHECK(sh::cuda::admit(policy, dv, dst));
+      }
       sh::host::observe_queries(policy, hv, hst, hq, hl);
       CUDA_CHECK(sh::cuda::observe_queries(policy, dv, dst, dq, dl));
     });
@@ -390,6 +396,14 @@ struct params_fault {
     grow({10, 14, 12});
     observe(-1);  // a clean step on both: every row tracked
     grow({1, 2, 1});
+    // Sequence 1's two new tokens and one query: a policy scoring from
+    // queries admits them first (the observe-step invariant); a static
+    // scorer keeps them new, to score them from their K rows.
+    if constexpr (Policy::observation::needs_attention) {
+      sh::host::admit(policy, c.host_contiguous(c.lengths), hst);
+      CUDA_CHECK(sh::cuda::admit(policy, c.device_contiguous(), dst));
+      CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
   void grow(const std::vector<int>& add) {
     for (int b = 0; b < B; ++b)

@@ -255,8 +255,13 @@ bool run_case(const config& c, mismatch_log& log) {
       reqs.len[q] = 0;
     }
     if (c.mapped && step > 0 && coin(rng, 0.5)) shuffle_batch<Paged>(rng, reqs, hk, hv, block, elements, L);
-    // 1. The engine appends tokens to every layer.
-    for (int q = 0; q < live; ++q) reqs.len[q] += draw_append(rng, step, most, reqs.len[q]);
+    // 1. The engine appends tokens to every layer; after the prompt,
+    //    requests append alike, as a decode step does (one query count
+    //    for all, below, is each one's new tokens).
+    const int shared_add = uniform(rng, 0, 3);
+    for (int q = 0; q < live; ++q)
+      reqs.len[q] += attention && step > 0 ? std::min(shared_add, most - reqs.len[q])
+                                           : draw_append(rng, step, most, reqs.len[q]);
     reqs.sync();
     {
       std::uniform_real_distribution<float> d(-2.0f, 2.0f);
@@ -281,10 +286,32 @@ bool run_case(const config& c, mismatch_log& log) {
     dv.upload(hv);
     const std::vector<int> observed_len = reqs.len;
 
-    // 2. Observe every layer, each with its own probabilities.
-    const auto [min_len, longest] = length_range(reqs);
-    const int max_len = std::max(1, longest);
-    const int q_len = min_len == std::numeric_limits<int>::max() ? 0 : (min_len >= 2 && coin(rng, 0.3) ? 2 : 1);
+    // 2. Observe every layer, each with its own probabilities, with one
+    //    query count (1 or 2) the observe-step invariant allows every
+    //    sequence (allowed_queries); when none does (a request reset or
+    //    full), every layer admits the new tokens first, on both sides.
+    const int max_len = std::max(1, length_range(reqs).second);
+    const auto common = [&] {
+      query_bounds all{1, 2};
+      for (int l = 0; l < L; ++l)
+        for (int b = 0; b < B; ++b) {
+          const int n = reqs.len_at(b);
+          if (n == 0) continue;
+          const query_bounds one = allowed_queries(hm.layer(l), b, n);
+          all = {std::max(all.least, one.least), std::min(all.most, one.most)};
+        }
+      return all;
+    };
+    query_bounds all = common();
+    if (all.empty()) {
+      for (int l = 0; l < L; ++l) {
+        sh::host::admit(policy, host_view(l), hm.layer(l));
+        CUDA_CHECK(sh::cuda::admit(policy, device_view(l), dm.layer(l)));
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      all = common();
+    }
+    const int q_len = all.empty() ? 0 : (all.most > all.least && coin(rng, 0.3) ? all.least + 1 : all.least);
     for (int l = 0; l < L; ++l) {
       std::vector<float> probs(std::max<std::size_t>(1, static_cast<std::size_t>(B) * QH * std::max(q_len, 1) * max_len),
                                std::numeric_limits<float>::quiet_NaN());

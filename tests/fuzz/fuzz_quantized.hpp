@@ -796,6 +796,31 @@ class quant_case {
     check_positions(fn);
   }
 
+  // Tokens sequence b holds that its row does not track yet (-1: no row).
+  std::int32_t new_tokens(std::int32_t b) const {
+    const std::int32_t r = rows_[static_cast<std::size_t>(b)], len = table_.length(b);
+    if (r < 0) return -1;
+    const std::int32_t tracked = st_[0].tracked[r];
+    return tracked >= 0 && tracked <= len ? len - tracked : -1;
+  }
+  // The observe-step invariant (docs/integration.md): a sequence's q queries
+  // are its last q tokens, each new or admitted without a query; tokens
+  // before them are admitted by the call only before the row's first query.
+  bool steps_ok(const std::vector<std::int32_t>& counts) const {
+    for (std::int32_t b = 0; b < batch_; ++b) {
+      const std::int32_t r = rows_[static_cast<std::size_t>(b)], len = table_.length(b);
+      const std::int32_t n = counts[static_cast<std::size_t>(b)];
+      if (r < 0 || len == 0 || n <= 0 || n > len) continue;
+      const std::int32_t tracked = st_[0].tracked[r], first = len - n;
+      // Beyond the state's capacity: refused elsewhere (and its slots are not there to read).
+      if (tracked < 0 || tracked > len || len > st_[0].shape.capacity) continue;
+      if (first > tracked && st_[0].step[r] != 0) return false;
+      for (std::int32_t t = first; t < tracked; ++t)
+        if (st_[0].observed[st_[0].row_index(r, 0, t)] != 0.0f) return false;
+    }
+    return true;
+  }
+
   bool observe_queries() {
     qview v = make_qview();
     verdict vd;
@@ -808,14 +833,22 @@ class quant_case {
     std::vector<std::int32_t> counts(static_cast<std::size_t>(batch_), 0);
     std::int32_t q_len = 0;
     qo_.assign(1, 0);
+    // Mostly a query per new token (the observe-step invariant).
+    const bool per_new_token = !src_.rarely();
     if (ragged) {
       for (std::int32_t b = 0; b < batch_; ++b) {
-        const std::int32_t c = std::min(src_.i32(0, 3), table_.length(b));
+        const std::int32_t n = new_tokens(b);
+        const std::int32_t c = per_new_token && n >= 0 ? n : std::min(src_.i32(0, 3), table_.length(b));
         counts[static_cast<std::size_t>(b)] = c;
         qo_.push_back(qo_.back() + c);
       }
     } else {
       q_len = src_.i32(0, 3);
+      for (std::int32_t b = 0; per_new_token && b < batch_; ++b)
+        if (const std::int32_t n = new_tokens(b); n > 0) {
+          q_len = n;
+          break;
+        }
       for (std::int32_t b = 0; b < batch_; ++b)
         if (table_.length(b) > 0) q_len = std::min(q_len, table_.length(b));
       std::fill(counts.begin(), counts.end(), q_len);
@@ -857,6 +890,10 @@ class quant_case {
         new_key_params_verdict(vd);
       }
     }
+    // Checked last by the library: a view's own faults are named first.
+    if constexpr (attention)
+      if (vd.model && !steps_ok(counts))
+        vd.refuse("a query that is not a new token, or new tokens without queries after the first", {"cache length"});
     row_store_ = rows_;
     FUZZ_TRACE("  observe_queries: %s, q_heads %d, counts", ragged ? "ragged" : "dense", q_heads);
     for (const std::int32_t c : counts) FUZZ_TRACE(" %d", c);

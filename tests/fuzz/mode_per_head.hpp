@@ -723,6 +723,34 @@ class fuzz_case {
     bool valid = true;                   // every check of q_heads and the counts passes
   };
 
+  // Tokens sequence b holds that its state row does not track yet (-1 when
+  // the row or the length is not one the library accepts).
+  std::int32_t new_tokens(const view_type& mv, std::int32_t b) const {
+    const state_type st = call_state();
+    const std::int32_t r = st.row(b), len = length_in(mv, b);
+    if (r < 0 || r >= state_shape_.rows || len < 0) return -1;
+    const std::int32_t tracked = st.tracked[r];
+    return tracked >= 0 && tracked <= len ? len - tracked : -1;
+  }
+  // The observe-step invariant (docs/integration.md, "The per-step
+  // protocol"): a sequence's q queries are its last q tokens, each new or
+  // admitted without a query (observed count 0); tokens before them that
+  // the call would admit are allowed only before the row's first query.
+  bool steps_ok(const view_type& mv, const std::vector<std::int32_t>& counts) const {
+    const state_type st = call_state();
+    for (std::int32_t b = 0; b < cache_.shape.batch; ++b) {
+      const std::int32_t r = st.row(b), len = length_in(mv, b), n = counts[static_cast<std::size_t>(b)];
+      if (r < 0 || r >= state_shape_.rows || len <= 0 || n <= 0 || n > len) continue;  // checked elsewhere
+      const std::int32_t tracked = st.tracked[r], first = len - n;
+      // Beyond the state's capacity: refused elsewhere (and its slots are not there to read).
+      if (tracked < 0 || tracked > len || len > st.shape.capacity) continue;
+      if (first > tracked && st.step[r] != 0) return false;
+      for (std::int32_t t = first; t < tracked; ++t)
+        if (st.observed[st.row_index(r, 0, t)] != 0.0f) return false;
+    }
+    return true;
+  }
+
   query_plan pick_queries(const view_type& mv) {
     const common_shape& s = cache_.shape;
     const auto batch = static_cast<std::size_t>(s.batch);
@@ -736,13 +764,23 @@ class fuzz_case {
     q.q_heads = s.kv_heads * src_.i32(1, 4);
     q.ragged = src_.flag();
     qo_store_.assign(2 * (batch + 2), 0);  // the second half: room for a copy (observe_queries)
+    // Mostly a query per new token (the observe-step invariant), else any
+    // count the other checks allow.
+    const bool per_new_token = !src_.rarely();
     if (!q.ragged) {
       q.q_len = std::min(min_len, src_.i32(1, 3));
+      for (std::int32_t b = 0; per_new_token && b < s.batch; ++b)
+        if (const std::int32_t n = new_tokens(mv, b); n > 0) {
+          q.q_len = n;
+          break;
+        }
     } else {
       if (src_.rarely()) qo_store_[0] = src_.i32(1, 3);  // queries need not start at token 0
       for (std::size_t b = 0; b < batch; ++b) {
         const std::int32_t len = length_in(mv, static_cast<std::int32_t>(b));
-        qo_store_[b + 1] = qo_store_[b] + src_.i32(0, std::clamp(len, 1, 4));  // an empty sequence may get one
+        const std::int32_t n = new_tokens(mv, static_cast<std::int32_t>(b));
+        qo_store_[b + 1] = qo_store_[b] + (per_new_token && n >= 0 ? std::min(n, 64)
+                                                                    : src_.i32(0, std::clamp(len, 1, 4)));  // an empty sequence may get one
       }
     }
     std::size_t qo_size = batch + 1;
@@ -795,6 +833,7 @@ class fuzz_case {
       }
       q.tokens = q.valid ? qo_store_[batch] : 0;
     }
+    q.valid = q.valid && steps_ok(mv, q.counts);
     FUZZ_TRACE("  queries: %s q_heads %d q_len %d valid %d counts", q.ragged ? "ragged" : "uniform", q.q_heads,
                q.q_len, int(q.valid));
     for (std::int32_t n : q.counts) FUZZ_TRACE(" %d", n);

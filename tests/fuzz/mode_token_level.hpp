@@ -494,6 +494,24 @@ class layers_case {
     }
   }
 
+  // The observe-step invariant (docs/integration.md): q_len queries are a
+  // sequence's last tokens, each new or admitted without a query; tokens
+  // before them are admitted by the call only before the row's first query.
+  bool steps_ok(std::int32_t l, const call_rows& rc, std::int32_t q_len) {
+    const auto st = layer(l);
+    for (std::int32_t b = 0; b < shape_.batch; ++b) {
+      const std::int32_t r = rc.used[static_cast<std::size_t>(b)], len = table_.length(b);
+      if (r < 0 || len == 0 || q_len <= 0 || q_len > len) continue;
+      const std::int32_t tracked = st.tracked[r], first = len - q_len;
+      // Beyond the state's capacity: refused elsewhere (and its slots are not there to read).
+      if (tracked < 0 || tracked > len || len > st.shape.capacity) continue;
+      if (first > tracked && st.step[r] != 0) return false;
+      for (std::int32_t t = first; t < tracked; ++t)
+        if (st.observed[st.row_index(r, 0, t)] != 0.0f) return false;
+    }
+    return true;
+  }
+
   // Observes (or admits) every layer, each with its own probabilities;
   // rarely the engine skips a layer, which select then refuses ('model').
   void observe_all() {
@@ -508,6 +526,18 @@ class layers_case {
     }
     const std::int32_t q_heads = shape_.kv_heads * group;
     const call_rows rc = pick_rows(false);
+    // Mostly a query per new token (the observe-step invariant): the first
+    // sequence with tokens sets the count.
+    if (!src_.rarely())
+      for (std::int32_t b = 0; b < shape_.batch; ++b) {
+        const std::int32_t r = rc.used[static_cast<std::size_t>(b)], len = table_.length(b);
+        if (r < 0 || len == 0) continue;
+        const std::int32_t tracked = layer(0).tracked[r];
+        if (tracked >= 0 && tracked < len) q_len = len - tracked;
+        break;
+      }
+    for (std::int32_t b = 0; b < shape_.batch; ++b)
+      if (table_.length(b) > 0) q_len = std::min(q_len, table_.length(b));
     const auto nb = static_cast<std::size_t>(shape_.batch);
     for (std::int32_t l = 0; l < layers_; ++l) {
       if (l == skip) {
@@ -533,7 +563,9 @@ class layers_case {
       }
       const auto p = sh::probability_view<memory_space::host>::dense({probs.data(), probs.size()}, q_heads, q_len, max_len);
       const state_type st = through_model ? model_.for_batch(rc.span).layer(l) : layer(l).for_batch(rc.span);
-      const expect expected = !clean_settings_ || layer_refuses(l, rc) ? expect::refuse : expect::ok;
+      const expect expected =
+          !clean_settings_ || layer_refuses(l, rc) || (!admit_only && !steps_ok(l, rc, q_len)) ? expect::refuse
+                                                                                                 : expect::ok;
       const snapshot before = take();
       const char* fn = admit_only ? "host::admit" : "host::observe_probabilities";
       if (!guarded(fn, expected, [&] {

@@ -399,6 +399,75 @@ const table_case cases[] = {
    refusal(compress, "cache length", [](auto& c) { c.f.lengths[0] -= 1; })},
   {"bad input: compress before the new tokens were observed",  // appended, not observed
    refusal(compress, "state", [](auto& c) { c.f.lengths[0] += 1; })},
+  // The observe-step invariant: each query is a new token (docs/integration.md).
+  {"bad input: a layer observed twice in one step", [] {
+     contiguous f;
+     f.append_one();
+     call_args<contiguous> c(f);
+     REQUIRE_NOTHROW(c.call(observe));
+     check_refused(f, "host::observe_probabilities", "cache length", [&] { c.call(observe); });
+     check_refused(f, "host::observe_queries", "cache length", [&] { c.call(observe_queries); });
+   }, "[regression]"},
+  {"bad input: compress's new lengths not applied before the next step", [] {
+     // Compress evicts sequence 0 (12 tokens, budget 10) to 9; the engine
+     // keeps its length 12 and appends one: 4 tokens new to the state, one query.
+     contiguous f;
+     call_args<contiguous> c(f);
+     REQUIRE_NOTHROW(c.call(compress));
+     REQUIRE(f.new_lengths[0] == 9);
+     f.lengths[0] += 1;
+     f.lengths[1] = f.new_lengths[1] + 1;
+     check_refused(f, "host::observe_probabilities", "cache length", [&] { c.call(observe); });
+     f.lengths[0] = f.new_lengths[0] + 1;  // applied: accepted
+     REQUIRE_NOTHROW(c.call(observe));
+   }, "[regression]"},
+  {"bad input: a state row reused for another request without reset_sequence", [] {
+     // The new request's 13-token prompt, all 13 queries: its first 12 slots
+     // were observed by the row's previous request.
+     contiguous f;
+     f.lengths[0] = 13;
+     call_args<contiguous> c(f);
+     const std::vector<std::int32_t> qo{0, 13, 13};
+     std::vector<float> probs(std::size_t{13} * contiguous::q_heads * contiguous::columns, 0.0f);
+     for (std::size_t j = 0; j < 13; ++j)  // query j sees slots 0..j
+       for (std::size_t qh = 0; qh < contiguous::q_heads; ++qh)
+         for (std::size_t t = 0; t <= j; ++t)
+           probs[(j * contiguous::q_heads + qh) * contiguous::columns + t] = 1.0f / static_cast<float>(j + 1);
+     c.probs = sh::probability_view<host>::ragged({probs.data(), probs.size()}, {qo.data(), qo.size()},
+                                                  contiguous::q_heads, contiguous::columns);
+     check_refused(f, "host::observe_probabilities", "cache length", [&] { c.call(observe); });
+     sh::host::reset_sequence(f.state, 0);  // given to the new request: accepted
+     REQUIRE_NOTHROW(c.call(observe));
+   }, "[regression]"},
+  {"bad input: the observe-step exemptions are accepted", [] {
+     // Before a row's first query, a prompt may observe its last queries only.
+     {
+       contiguous f;
+       sh::host::reset_sequence(f.state, 0);
+       sh::host::reset_sequence(f.state, 1);
+       call_args<contiguous> c(f);  // 12 and 9 new tokens, one query each
+       REQUIRE_NOTHROW(c.call(observe));
+     }
+     // Tokens admitted without queries, then observed with them.
+     {
+       contiguous f;
+       f.append_one();
+       call_args<contiguous> c(f);
+       REQUIRE_NOTHROW(c.call(admit));
+       REQUIRE_NOTHROW(c.call(observe));
+     }
+     // A sequence with no query this step (paused) is only admitted.
+     {
+       contiguous f;
+       f.append_one();
+       call_args<contiguous> c(f);
+       const std::vector<std::int32_t> qo{0, 0, 1};
+       c.probs = sh::probability_view<host>::ragged({f.probs.data(), f.probs.size()}, {qo.data(), qo.size()},
+                                                    contiguous::q_heads, contiguous::columns);
+       REQUIRE_NOTHROW(c.call(observe));
+       CHECK(f.state.tracked[0] == 13);
+     }
+   }},
   {"bad input: negative tracked count", refusal(observe, "cache length", [](auto& c) { c.state.tracked[1] = -1; })},
   {"bad input: damaged next_position",
    refusal(admit, "state.next_position", [](auto& c) { c.state.next_position[1] = -5; })},

@@ -85,6 +85,9 @@ enum status_flag : std::uint32_t {
   status_shared_page = 1u << 20,       // compress / compact: a page it would rewrite is listed more than once
   status_k_params = 1u << 21,          // quantized cache: a K parameter (scale or zero point) of a row observe reads
                                        //   is not finite (queries: every held row; static scorers: the new rows)
+  status_new_tokens = 1u << 22,        // observe: a query whose token a query already saw (a layer observed twice, a
+                                       //   row of another request), or more new tokens than queries once the row
+                                       //   has observed one (new_lengths not applied)
 };
 
 // A readable list of the flags set in a status word ("ok" when none).
@@ -118,6 +121,9 @@ inline std::string describe_status(std::uint32_t word) {
       {status_selection_protected, "compact / forget: a selected slot holds a protected token"},
       {status_shared_page, "compress / compact: a page it would rewrite is listed more than once in the page table"},
       {status_k_params, "cache.k_params: a K scale or zero point of a row observe reads is not finite"},
+      {status_new_tokens,
+       "observe: the queries are not the state's new tokens (a layer observed twice, a row reused without "
+       "reset_sequence, or new_lengths not applied)"},
   };
   std::string out;
   std::uint32_t known = 0;

@@ -820,6 +820,42 @@ void validate_query_counts(const char* fn, const View& cache, const Queries& vie
   }
 }
 
+// The observe-step invariant. A call's q queries of a sequence are its
+// last q tokens, slots [length - q, length). Each must be new (at or above
+// `tracked`) or admitted without a query (`admit`; its observed count is
+// still 0): a query token that a query already saw means this layer was
+// observed twice this step, or the row holds another request. The tokens
+// before the queries that the call would admit, [tracked, length - q), are
+// allowed only before the row's first query (after reset_sequence a prompt
+// may observe its last window only); later, a step's queries are all its
+// new tokens, and more new tokens than queries means the cache's length ran
+// ahead of the state (compress's new_lengths not applied). A sequence with
+// no query this step is only admitted (paused, or admit's tokens).
+// Speculative decoding observes after verification, so it is a step of
+// `a` new tokens and `a` queries like any other.
+template <class View, class Queries>
+void validate_new_tokens(const char* fn, const View& cache, const eviction_state<memory_space::host>& state,
+                         const Queries& view) {
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t r = state.row(b), len = cache.length(b), q = view.queries_of(b);
+    if (r < 0 || len == 0 || q == 0) continue;
+    const std::int32_t tracked = state.tracked[r], first_query = len - q;
+    require(first_query <= tracked || state.step[r] == 0, fn, "cache length", "of sequence ", b, " is ", len,
+            " and its state row ", r, " tracks ", tracked, ": ", len - tracked, " tokens are new but the call has ",
+            q, q == 1 ? " query" : " queries",
+            " for it. Once a row has observed a query, each step's queries are all its new tokens; likely causes: "
+            "compress's new_lengths were not applied to the cache's lengths, or the row holds another request "
+            "(reset_sequence a row before reusing it). Tokens without queries are admitted (admit) before the call");
+    for (std::int32_t t = first_query; t < tracked; ++t)
+      if (state.observed[state.row_index(r, 0, t)] != 0.0f) [[unlikely]]
+        fail(fn, "cache length", "of sequence ", b, " is ", len, " and its state row ", r, " tracks ", tracked,
+             ": the call's queries are slots [", first_query, ", ", len, "), and slot ", t,
+             " was already observed. Likely causes: this layer was observed twice this step (observe each layer "
+             "once per step), the row holds another request (reset_sequence a row before reusing it), or the "
+             "lengths were not applied after compress");
+  }
+}
+
 // Largest element index + 1 a uniform view of `row` contiguous elements
 // per (sequence, head, query) reaches (both backends).
 inline std::int64_t reach_uniform(std::int64_t sequence_stride, std::int64_t head_stride, std::int64_t query_stride,
@@ -884,6 +920,8 @@ auto plan_observe_probabilities(const char* fn, const Policy& policy, View cache
         }
     }
   }
+  // Last: a view's own faults are named before the protocol's.
+  if constexpr (Obs::needs_attention) validate_new_tokens(fn, cache, state, probs);
   validate_new_key_params<Policy>(fn, cache, state);
   admit(policy, cache, state);
   if constexpr (Obs::needs_attention) advance_steps(cache, state, probs);
@@ -1089,6 +1127,7 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
     // Every held K row of a sequence with queries is read.
     validate_key_params(fn, cache, [&](std::int32_t b) { return queries.queries_of(b) > 0 ? 0 : cache.length(b); });
   }
+  if constexpr (Obs::needs_attention) validate_new_tokens(fn, cache, state, queries);
   validate_new_key_params<Policy>(fn, cache, state);
   admit(policy, cache, state);
   if constexpr (Obs::needs_attention) advance_steps(cache, state, queries);

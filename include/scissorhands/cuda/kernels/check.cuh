@@ -176,6 +176,25 @@ SCISSORHANDS_HOST_DEVICE inline void check_queries(const query_rows& counts, std
   }
 }
 
+// host::detail::validate_new_tokens for sequence b, after check_queries:
+// its q queries are its last q tokens, each new or admitted without a
+// query (observed count 0 at head 0), and tokens before them are new only
+// before the row's first query. Slots thread, thread + threads, ... of the
+// query tokens already tracked (the block's threads on the device, one
+// thread on the host). Host and device (check_parity).
+SCISSORHANDS_HOST_DEVICE inline std::uint32_t check_new_tokens(const eviction_state<memory_space::device>& state,
+                                                               const sequence_check& c, std::int32_t thread,
+                                                               std::int32_t threads) {
+  if (!c.row_ok || c.own != 0 || c.length <= 0 || c.queries <= 0 || c.queries > c.length) return 0;
+  if (c.tracked < 0 || c.tracked > c.length) return 0;
+  const std::int32_t first = c.length - c.queries;
+  std::uint32_t bits = 0;
+  if (first > c.tracked && state.step[c.row] != 0) bits = status_new_tokens;
+  for (std::int32_t t = first + thread; t < c.tracked; t += threads)
+    if (state.observed[state.row_index(c.row, 0, t)] != 0.0f) bits = status_new_tokens;
+  return bits;
+}
+
 // ORs `bits` into the status word of every row of the batch (rows outside
 // [0, rows) are never written). All threads of the block.
 __device__ inline void flag_batch(const eviction_state<memory_space::device>& state, std::int32_t batch,
@@ -281,6 +300,7 @@ __global__ void __launch_bounds__(slot_traits::threads)
   std::uint32_t values = 0;
   const std::int32_t q = c.queries, len = c.length;
   if (Mode != observe_mode::admit && c.own == 0 && c.batch == 0 && c.row_ok && len > 0 && q > 0) {
+    values |= check_new_tokens(state, c, static_cast<std::int32_t>(threadIdx.x), static_cast<std::int32_t>(blockDim.x));
     if constexpr (Mode == observe_mode::probabilities) {
       // Never read past the span: this sequence's rows hold `len` columns.
       if (counts.reach(b, q, len) > static_cast<std::int64_t>(counts.size)) {
