@@ -23,6 +23,7 @@
 #include <scissorhands/bridge/bridge.h>
 
 #include "../host/slot_list_engine.hpp"
+#include "cell_descriptors.h"
 #include "check.h"
 #include "scenario.h"  // cxx17_test::sh_f32: another policy's namespace, whose settings compact must refuse
 #include "token_compact_scenario.h"
@@ -64,49 +65,14 @@ struct bridge_side {
     settings.recent = recent;
     settings.compaction_mode = mode;
   }
-  br::token_table table(const step_memory& m) const {
-    br::token_table t;
-    t.indptr = m.indptr;
-    t.indices = m.indices;
-    t.indices_size = cells;
-    t.last_page_len = m.last_page_len;
-    t.batch = batch;
-    t.kv_heads = kv_heads;
-    t.page_size = 1;
-    t.num_pages = cells;
-    t.max_pages_per_sequence = capacity;
-    return t;
-  }
+  static constexpr cxx17_cells::cell_geometry cell_table_geometry{batch, kv_heads, head_dim, cells, capacity};
+  br::token_table table(const step_memory& m) const { return cxx17_cells::cell_table(m, cell_table_geometry); }
   // One layer's K and V cells as a page-size-1 paged cache over the step's table.
   template <class T>
   br::paged_cache<T> cache(const step_memory& m, T* k, T* v) const {
-    br::paged_cache<T> c;
-    c.k_pages = k;
-    c.k_size = pool_size;
-    c.v_pages = v;
-    c.v_size = pool_size;
-    c.k_layout = c.v_layout = br::paged_layout::nhd(1, kv_heads, head_dim);
-    c.indptr = m.indptr;
-    c.indices = m.indices;
-    c.indices_size = cells;
-    c.last_page_len = m.last_page_len;
-    c.batch = batch;
-    c.kv_heads = kv_heads;
-    c.head_dim = head_dim;
-    c.page_size = 1;
-    c.num_pages = cells;
-    c.max_pages_per_sequence = capacity;
-    return c;
+    return cxx17_cells::cell_cache(m, cell_table_geometry, k, pool_size, v, pool_size);
   }
-  br::selection selection(const selection_memory& s) const {
-    br::selection out;
-    out.stride = s.stride;
-    out.counts = s.counts;
-    out.slots = s.slots;
-    out.cache_slots = s.cache_slots;
-    out.out = {s.new_lengths, s.freed_pages};
-    return out;
-  }
+  br::selection selection(const selection_memory& s) const { return cxx17_cells::selection_of(s); }
   std::size_t model_bytes() {
     check_ok(api::make_state_shape(settings, batch, kv_heads, capacity, &shape), "make_state_shape");
     std::size_t bytes = 0;

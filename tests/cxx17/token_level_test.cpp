@@ -26,6 +26,7 @@
 #include <scissorhands/bridge/bridge.h>
 
 #include "../host/slot_list_engine.hpp"
+#include "cell_descriptors.h"
 #include "check.h"
 #include "scenario.h"
 #include "token_scenario.h"
@@ -101,28 +102,9 @@ struct bridge_side {
   br::settings settings = step_settings();
   br::model_state model;
   br::state_shape shape;
-  br::token_table table(const step_memory& m) const {
-    br::token_table t;
-    t.indptr = m.indptr;
-    t.indices = m.indices;
-    t.indices_size = cells;
-    t.last_page_len = m.last_page_len;
-    t.batch = batch;
-    t.kv_heads = kv_heads;
-    t.page_size = 1;
-    t.num_pages = cells;
-    t.max_pages_per_sequence = capacity;
-    return t;
-  }
-  br::selection selection(const selection_memory& s) const {
-    br::selection out;
-    out.stride = s.stride;
-    out.counts = s.counts;
-    out.slots = s.slots;
-    out.cache_slots = s.cache_slots;
-    out.out = {s.new_lengths, s.freed_pages};
-    return out;
-  }
+  static constexpr cxx17_cells::cell_geometry cell_table_geometry{batch, kv_heads, head_dim, cells, capacity};
+  br::token_table table(const step_memory& m) const { return cxx17_cells::cell_table(m, cell_table_geometry); }
+  br::selection selection(const selection_memory& s) const { return cxx17_cells::selection_of(s); }
   std::size_t model_bytes() {
     check_ok(api::make_state_shape(settings, rows, kv_heads, capacity, &shape), "make_state_shape");
     std::size_t bytes = 0;
@@ -132,21 +114,7 @@ struct bridge_side {
   // The layer's K cells as a page-size-1 paged cache over the step's table, V absent.
   template <class T>
   br::paged_cache<T> keys(const step_memory& m, T* pool, std::size_t size) const {
-    br::paged_cache<T> c;
-    c.k_pages = pool;
-    c.k_size = size;
-    c.k_layout = br::paged_layout::nhd(1, kv_heads, head_dim);
-    c.indptr = m.indptr;
-    c.indices = m.indices;
-    c.indices_size = cells;
-    c.last_page_len = m.last_page_len;
-    c.batch = batch;
-    c.kv_heads = kv_heads;
-    c.head_dim = head_dim;
-    c.page_size = 1;
-    c.num_pages = cells;
-    c.max_pages_per_sequence = capacity;
-    return c;
+    return cxx17_cells::cell_cache(m, cell_table_geometry, pool, size);
   }
   std::size_t workspace_bytes() {
     return api::select_workspace_bytes(
