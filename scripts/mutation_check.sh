@@ -14,7 +14,7 @@
 # mutation is the mutation's. A mutation whose text is no longer found is an
 # error: the table must follow the code. Host code only (nvcc is not used);
 # the CUDA rules that run on the host are covered through their .hpp halves.
-# About 7 minutes on 2 cores (423 s on 2026-12-06); not part of CI (docs/hardening.md).
+# About 12 minutes on 2 cores (the dated runs in docs/hardening.md add up to 702 s); not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -41,6 +41,10 @@ mutations=(
   "model_layer_unbounded|model_state.hpp|require(l >= 0 && l < layers,|require(true,|bad_input"
   "nan_sorts_last|detail/eviction_key.hpp|if (x != x) return 0u;|if (x != x) return 0xFFFFFFFFu;|determinism"
   "shrink_view_page_size_ignored|token_table_view.hpp|writable(view.last_page_len), view.page_size};|writable(view.last_page_len), 2 * view.page_size};|bad_input"
+  "lse_sums_upper_bound_dropped|host/observe.hpp|const bool too_high = sum[g] > 1.0 + lse_sum_tolerance;|const bool too_high = false;|bad_input"
+  "lse_sums_lower_bound_dropped|host/observe.hpp|const bool too_low = lse.check == lse_check::sums_to_one && sum|const bool too_low = false && sum|bad_input"
+  "lse_sums_at_most_one_ignored|host/observe.hpp|const bool too_low = lse.check == lse_check::sums_to_one &&|const bool too_low = lse.check != lse_check::none &&|bad_input"
+  "lse_sums_first_observe_only|host/observe.hpp|step / lse_check_interval != (step + queries) / lse_check_interval;|false;|bad_input"
 )
 
 # The suites: what to compile (tree-relative) and how to run the result.

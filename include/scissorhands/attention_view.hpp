@@ -104,6 +104,26 @@ struct query_view {
 // built without one (`unspecified`) is refused by observe_queries.
 enum class lse_base { unspecified, natural, base2 };
 
+// What the host's observe_queries checks of a given LSE. The engine's LSE
+// normalises over the keys its kernel saw, so for a query the library
+// recomputes exp(logit - lse) over the same held keys and the terms sum to
+// 1; a sum far from 1 means the attention is described wrongly (the LSE's
+// base, softmax_scale, a window, soft-capping, ALiBi, or heads that do not
+// match the data) and every score would be off. Sampled, so it costs
+// little: the last query of every query head, on a row's first observe
+// and on every call that crosses a multiple of lse_check_interval of its
+// queries (host/observe.hpp); refused when the sum strays beyond
+// lse_sum_tolerance. The device backend does not check sums yet.
+//   sums_to_one  (default) both bounds: the kernel's softmax was over
+//                exactly the cache's keys.
+//   at_most_one  the upper bound only: the softmax also had terms outside
+//                the cache (learned attention sinks, as gpt-oss has), so a
+//                sum below 1 is legitimate.
+//   none         unchecked: a kernel whose logits differ from the
+//                library's by more than the tolerance (say, Q quantized to
+//                8 bits before the dot products).
+enum class lse_check { sums_to_one, at_most_one, none };
+
 template <memory_space Space>
 struct lse_view {
   span<const float, Space> data;  // empty: the library computes the normaliser itself
@@ -112,6 +132,7 @@ struct lse_view {
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
   span<const std::int32_t, Space> qo_indptr;  // ragged: the queries' qo_indptr (the same array)
+  lse_check check = lse_check::sums_to_one;    // what observe_queries checks of it (host)
 
   SCISSORHANDS_HOST_DEVICE bool present() const { return data.data() != nullptr; }
   SCISSORHANDS_HOST_DEVICE float natural(std::int32_t b, std::int32_t qh, std::int32_t j) const {

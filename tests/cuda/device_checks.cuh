@@ -647,6 +647,11 @@ int run_error_tests() {
       lv.base = static_cast<sh::lse_base>(7);
       return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
     });
+    expect_throw(c, "a log-sum-exp check that is not a named value", "lse.check", [&] {
+      auto lv = dense_lse;
+      lv.check = static_cast<sh::lse_check>(5);
+      return sh::cuda::observe_queries(c.policy, c.device_view(), c.device_state(), dense_q, lv, 0.0f);
+    });
     expect_throw(c, "a compile-time head_dim (64) that is not the cache's (8)", "cache.head_dim", [&] {
       return sh::cuda::observe_queries<64>(
           c.policy, c.device_view(), c.device_state(),

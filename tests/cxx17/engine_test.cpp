@@ -54,6 +54,12 @@ struct layer {
   explicit layer(std::size_t state_bytes) : state(state_bytes, 0) {
     for (std::int32_t p = num_pages - 1; p >= 0; --p) free_pages.push_back(p);
   }
+  // A scratch copy of `other`'s cache, page table and state (a call on it leaves `other` alone).
+  void copy_from(const layer& other) {
+    k = other.k, v = other.v, indptr = other.indptr, indices = other.indices;
+    last_page_len = other.last_page_len, free_pages = other.free_pages;
+    std::memcpy(state.data, other.state.data, state.size);
+  }
   std::int32_t length(std::int32_t b) const {
     const std::int32_t pages = indptr[b + 1] - indptr[b];
     return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
@@ -239,6 +245,23 @@ void run_paged_scenario() {
 
     // The engine's step, through the bridge.
     const br::paged_cache<float> cache = bridged.cache();
+    if (step == 0) {
+      // Every row's first observe checks the LSE's sums (lse_check): the
+      // base-2 LSE named natural is refused, and accepted with the check off
+      // on a scratch copy of the layer.
+      br::lse misnamed = br::lse::ragged(lse2.data(), lse2.size(), qo_indptr.data(), q_heads, br::lse_base::natural);
+      const auto qv = api::queries::ragged(queries.data(), queries.size(), qo_indptr.data(), q_heads, head_dim);
+      expect_refused("observe_queries: a base-2 lse named natural", "lse", bridged,
+                     [&] { return api::observe_queries(s, cache, state, qv, misnamed); });
+      check(br::lse{}.check == br::lse_check::sums_to_one, "the bridge's lse checks its sums by default");
+      misnamed.check = br::lse_check::none;
+      layer scratch(bytes);
+      scratch.copy_from(bridged);
+      br::state scratch_state = state;
+      scratch_state.buffer = scratch.state.data;
+      check_ok(api::observe_queries(s, scratch.cache(), scratch_state, qv, misnamed),
+               "observe_queries: lse_check::none accepts a misnamed base");
+    }
     check_ok(
         api::observe_queries(s, cache, state,
                              api::queries::ragged(queries.data(), queries.size(), qo_indptr.data(), q_heads, head_dim),
@@ -333,13 +356,7 @@ void run_paged_scenario() {
   // Sanity: these arguments are accepted (on a scratch copy of the layer).
   {
     layer scratch(bytes);
-    scratch.k = bridged.k;
-    scratch.v = bridged.v;
-    scratch.indptr = bridged.indptr;
-    scratch.indices = bridged.indices;
-    scratch.last_page_len = bridged.last_page_len;
-    scratch.free_pages = bridged.free_pages;
-    std::memcpy(scratch.state.data, bridged.state.data, bytes);
+    scratch.copy_from(bridged);
     br::state scratch_state = state;
     scratch_state.buffer = scratch.state.data;
     const std::int32_t next_step[] = {1, 1, 1, 0};  // a new token to observe

@@ -166,8 +166,10 @@ struct step_inputs {
         qo(static_cast<std::size_t>(batch + 1)) {
     for (std::size_t i = 0; i < queries.size(); ++i)
       queries[i] = hashed_value(hash_of({1, static_cast<std::int64_t>(i)}), 1.0f);
-    // Any finite lse works for counting; 1/n-ish probabilities keep observe's checks happy.
-    for (auto& x : lse) x = 3.0f;
+    // An lse far above every logit: its sums (lse_check) are about 0, which
+    // at_most_one accepts, so the sampled check runs in the counted calls.
+    // 1/n-ish probabilities keep observe's checks happy.
+    for (auto& x : lse) x = 1000.0f;
     for (auto& p : probs) p = 1.0f / 64.0f;
     // Ragged: a query per appended token (each query is a new token), none
     // for position 2, a padding slot.
@@ -184,10 +186,14 @@ struct step_inputs {
     return sh::query_view<float, host>::ragged({queries.data(), queries.size()}, qo_span(), q_heads, head_dim);
   }
   sh::lse_view<host> uniform_lse() const {
-    return sh::lse_view<host>::token_major({lse.data(), lse.size()}, q_heads, chunk, sh::lse_base::base2);
+    auto l = sh::lse_view<host>::token_major({lse.data(), lse.size()}, q_heads, chunk, sh::lse_base::base2);
+    l.check = sh::lse_check::at_most_one;
+    return l;
   }
   sh::lse_view<host> ragged_lse() const {
-    return sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads, sh::lse_base::base2);
+    auto l = sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo_span(), q_heads, sh::lse_base::base2);
+    l.check = sh::lse_check::at_most_one;
+    return l;
   }
   sh::probability_view<host> uniform_probs() const {
     return sh::probability_view<host>::dense({probs.data(), probs.size()}, q_heads, chunk, table_capacity);

@@ -171,6 +171,7 @@ struct call_args {
       sh::query_view<float, host>::dense({q.data(), q.size()}, F::q_heads, 1, F::head_dim);
   sh::lse_view<host> lse{};
   float scale = 0.0f;
+  sh::attention_options<host> options{};  // its softmax_scale is `scale`
   std::unique_ptr<aligned_bytes> other_state;
 
   sh::lse_view<host> lse_of(std::size_t size) const {
@@ -192,8 +193,11 @@ struct call_args {
         return sh::host::observe_probabilities(f.policy, view, state, probs);
       case admit:
         return sh::host::admit(f.policy, view, state);
-      case observe_queries:
-        return sh::host::observe_queries(f.policy, view, state, queries, lse, scale);
+      case observe_queries: {
+        sh::attention_options<host> o = options;
+        o.softmax_scale = scale;
+        return sh::host::observe_queries(f.policy, view, state, queries, lse, o);
+      }
     }
   }
 };
@@ -234,6 +238,73 @@ void accepted(entry e, Change&& change) {
 }
 
 constexpr auto as_made = [](auto&) {};
+
+// The LSE checked against the keys it describes (lse_check). A fresh
+// state, so that the call is each row's first observe (a sampled one),
+// queries that differ per head, and `describe` sets what the engine's
+// kernel did (options, scale, a sink) and the LSE's base; the exact LSE
+// of that kernel is then computed here, and `breaks` changes what the
+// call is told. `argument` null: the call is accepted.
+struct kernel {
+  sh::attention_options<host> options{};  // its softmax_scale: 0 is 1/sqrt(head_dim)
+  sh::lse_base base = sh::lse_base::natural;
+  double sink = -std::numeric_limits<double>::infinity();  // a learned sink's logit: a softmax term outside the cache
+};
+template <class Break>
+void lse_sums(const char* argument, const kernel& k, Break&& breaks) {
+  contiguous f;
+  prepare(f, observe_queries);
+  sh::host::reset_state(f.state);
+  call_args<contiguous> c(f);
+  for (std::size_t i = 0; i < c.q.size(); ++i) c.q[i] = value(3 * i + 1);
+  const std::int32_t group = contiguous::q_heads / contiguous::kv_heads;
+  const float scale = k.options.softmax_scale > 0.0f ? k.options.softmax_scale : 0.5f;  // 1/sqrt(4)
+  for (std::int32_t b = 0; b < contiguous::batch; ++b) {
+    const std::int32_t i = c.view.length(b) - 1;  // the query's slot
+    for (std::int32_t qh = 0; qh < contiguous::q_heads; ++qh) {
+      double sum = std::exp(k.sink);
+      for (std::int32_t t = 0; t <= i; ++t) {
+        if (k.options.window_left >= 0 && t < i - k.options.window_left) continue;
+        const float* key = c.view.k_row(b, qh / group, t);
+        double x = 0.0;
+        for (std::int32_t d = 0; d < contiguous::head_dim; ++d)
+          x += double{c.q[static_cast<std::size_t>((b * contiguous::q_heads + qh) * contiguous::head_dim + d)]} * key[d];
+        x *= scale;
+        if (!k.options.alibi_slopes.empty()) x += double{k.options.alibi_slopes[qh]} * (t - i);
+        if (k.options.logits_soft_cap > 0.0f) x = k.options.logits_soft_cap * std::tanh(x / k.options.logits_soft_cap);
+        sum += std::exp(x);
+      }
+      const double natural = std::log(sum);
+      c.l[static_cast<std::size_t>(b * contiguous::q_heads + qh)] =
+          static_cast<float>(k.base == sh::lse_base::base2 ? natural / std::log(2.0) : natural);
+    }
+  }
+  c.lse = sh::lse_view<host>::dense({c.l.data(), c.l.size()}, contiguous::q_heads, 1, k.base);
+  c.options = k.options;
+  c.scale = k.options.softmax_scale;
+  breaks(c);
+  if (argument != nullptr)
+    check_refused(f, function_of[observe_queries], argument, [&] { c.call(observe_queries); });
+  else
+    REQUIRE_NOTHROW(c.call(observe_queries));
+}
+const std::vector<float> alibi_slopes{0.5f, 0.25f, 0.125f, 0.0625f};  // q_heads of them
+kernel windowed_kernel() {
+  kernel k;
+  k.options.window_left = 3;
+  return k;
+}
+kernel capped_kernel() {
+  kernel k;
+  k.options.softmax_scale = 2.0f;  // logits beyond the cap
+  k.options.logits_soft_cap = 3.0f;
+  return k;
+}
+kernel alibi_kernel() {
+  kernel k;
+  k.options.alibi_slopes = {alibi_slopes.data(), alibi_slopes.size()};
+  return k;
+}
 
 // shrink_page_table: the engine-side helper rewrites a page table in place.
 // Pages of 4: sequence 0 holds 11 tokens on 3 pages, sequence 1 6 on 2.
@@ -562,6 +633,78 @@ const table_case cases[] = {
    })},
   {"bad input: lse buffer too small",
    refusal(observe_queries, "lse.data", [](auto& c) { c.lse = c.lse_of(c.l.size() - 1); })},
+  // The LSE's sums (lse_check): an attention described wrongly.
+  {"bad input: lse sums, the exact lse of every kernel is accepted", [] {
+     for (const auto& k : {kernel{}, windowed_kernel(), capped_kernel(), alibi_kernel()})
+       for (auto base : {sh::lse_base::natural, sh::lse_base::base2}) {
+         kernel named = k;
+         named.base = base;
+         lse_sums(nullptr, named, as_made);
+       }
+   }},
+  {"bad input: lse sums, a natural lse named base 2 or the reverse", [] {
+     lse_sums("lse", kernel{}, [](auto& c) { c.lse.base = sh::lse_base::base2; });
+     lse_sums("lse", kernel{{}, sh::lse_base::base2}, [](auto& c) { c.lse.base = sh::lse_base::natural; });
+   }},
+  {"bad input: lse sums, softmax_scale not the kernel's",
+   [] { lse_sums("lse", kernel{}, [](auto& c) { c.scale = 0.25f; }); }},
+  {"bad input: lse sums, attention options left out", [] {
+     for (const auto& k : {windowed_kernel(), capped_kernel(), alibi_kernel()})
+       lse_sums("lse", k, [](auto& c) { c.options = {}; });  // the scale stays the kernel's
+   }},
+  {"bad input: lse sums, a window in positions passed as slots' or the reverse is not told apart without holes",
+   [] {
+     // Without eviction positions follow slots: both units see the same keys.
+     lse_sums(nullptr, windowed_kernel(), [](auto& c) { c.options.window_left_unit = sh::window_unit::positions; });
+   }},
+  {"bad input: lse sums, query heads in another order than the data's", [] {
+     lse_sums("lse", kernel{}, [](auto& c) {
+       for (std::int32_t b = 0; b < contiguous::batch; ++b)  // heads 0 and 1 swapped
+         std::swap(c.l[static_cast<std::size_t>(b * contiguous::q_heads)],
+                   c.l[static_cast<std::size_t>(b * contiguous::q_heads + 1)]);
+     });
+   }},
+  {"bad input: lse sums, attention sinks need at_most_one", [] {
+     kernel sinks;
+     sinks.sink = 3.0;  // most of the mass goes to the sink
+     lse_sums("lse", sinks, as_made);
+     lse_sums(nullptr, sinks, [](auto& c) { c.lse.check = sh::lse_check::at_most_one; });
+     // at_most_one still refuses sums above 1 (a base named wrong the other way).
+     lse_sums("lse", kernel{}, [](auto& c) {
+       c.lse.base = sh::lse_base::base2;
+       c.lse.check = sh::lse_check::at_most_one;
+     });
+   }},
+  {"bad input: lse sums, none turns the check off", [] {
+     lse_sums(nullptr, kernel{}, [](auto& c) {
+       c.lse.base = sh::lse_base::base2;
+       c.lse.check = sh::lse_check::none;
+     });
+   }},
+  {"bad input: lse check not a named value", [] {
+     lse_sums("lse.check", kernel{}, [](auto& c) { c.lse.check = static_cast<sh::lse_check>(5); });
+     CHECK(sh::lse_view<host>{}.check == sh::lse_check::sums_to_one);
+   }},
+  {"bad input: lse sums are sampled, a row's first observe and each 256th query", [] {
+     // The fixture's rows have observed one step: a wrong base is not
+     // looked at until a call crosses query 256 of the row.
+     contiguous f;
+     for (std::int32_t step = 1; step <= 255; ++step) {  // the queries the rows observed before the call
+       if (f.lengths[0] == contiguous::capacity) {  // keep within the cache
+         sh::host::compress(f.policy, f.view(), f.state, contiguous::budget, f.workspace(), f.out());
+         f.lengths.assign(f.new_lengths.begin(), f.new_lengths.end());
+       }
+       f.append_one();
+       call_args<contiguous> c(f);
+       c.lse = c.lse_of(c.l.size());  // ones: far from the sums' 1
+       if (step < 255) {
+         REQUIRE_NOTHROW(c.call(observe_queries));
+       } else {
+         // Query 256 of the rows crosses the interval: refused.
+         check_refused(f, function_of[observe_queries], "lse", [&] { c.call(observe_queries); });
+       }
+     }
+   }},
 
   // -------------------------------------------------------------------------
   // Layouts and buffers.

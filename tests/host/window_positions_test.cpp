@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "support.hpp"
@@ -82,6 +83,11 @@ void run_window_case(const window_case& wc) {
     indptr[batch] = static_cast<std::int32_t>(indices.size());
   };
   std::int64_t compared = 0, holes_in_window = 0;
+  // The LSE's sums (lse_check) tell the units apart where holes make the
+  // windows differ: each step a scratch copy of the LSE-given state, made
+  // to sample (step 255), is observed with the window in slots.
+  model_holder scratch(shape, 1);
+  std::int64_t unit_refused = 0, unit_differs = 0;
   double worst = 0.0;
   for (std::int32_t step = 0; step < steps; ++step) {
     INFO("step " << step);
@@ -121,6 +127,7 @@ void run_window_case(const window_case& wc) {
     const std::int32_t columns = capacity;
     std::vector<float> probs(static_cast<std::size_t>(tokens * q_heads * columns), 0.0f);
     std::vector<float> lse(static_cast<std::size_t>(tokens * q_heads));
+    bool last_differs = false;  // sequence 0's last query: its window by slot shows other keys
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     for (std::int32_t b = 0; b < batch; ++b) {
       const auto& pos = held_positions[static_cast<std::size_t>(b)];
@@ -128,7 +135,7 @@ void run_window_case(const window_case& wc) {
       for (std::int32_t j = 0; j < q_len[static_cast<std::size_t>(b)]; ++j) {
         const std::int32_t i = len - q_len[static_cast<std::size_t>(b)] + j;  // the query's slot
         const std::int32_t token = qo_indptr[static_cast<std::size_t>(b)] + j;
-        std::int32_t by_slot = 0, by_position = 0;
+        std::int32_t by_slot = 0, by_position = 0;  // keys of head 0's window
         for (std::int32_t qh = 0; qh < q_heads; ++qh) {
           const float* qrow = q.data() + (static_cast<std::size_t>(token) * q_heads + qh) * d;
           std::vector<double> logit(static_cast<std::size_t>(i + 1), -INFINITY);
@@ -154,6 +161,7 @@ void run_window_case(const window_case& wc) {
                 static_cast<float>(std::exp(logit[static_cast<std::size_t>(t)] - norm));
         }
         holes_in_window += by_slot != by_position;
+        if (b == 0 && j == q_len[0] - 1) last_differs = by_slot != by_position;
       }
     }
     const auto qo = sh::host_span<const std::int32_t>(qo_indptr.data(), qo_indptr.size());
@@ -181,9 +189,24 @@ void run_window_case(const window_case& wc) {
     options.window_left_unit = sh::window_unit::positions;
     options.logits_soft_cap = wc.soft_cap;
     const auto queries = sh::query_view<float, host>::ragged({q.data(), q.size()}, qo, q_heads, d);
-    sh::host::observe_queries(policy, keys, with_lse.model.layer(0), queries,
-                              sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, q_heads, sh::lse_base::natural),
-                              options);
+    const auto lse_given = sh::lse_view<host>::ragged({lse.data(), lse.size()}, qo, q_heads, sh::lse_base::natural);
+    if (wc.window > 0 && step > 0) {  // (sequence 1's row samples only its first call, before any hole)
+      std::memcpy(scratch.buffer.data(), with_lse.buffer.data(), with_lse.buffer.size());
+      scratch.model.layer(0).step[0] = 255;
+      sh::attention_options<host> by_slots = options;
+      by_slots.window_left_unit = sh::window_unit::slots;
+      bool refused = false;
+      try {
+        sh::host::observe_queries(policy, keys, scratch.model.layer(0), queries, lse_given, by_slots);
+      } catch (const sh::invalid_argument& e) {
+        refused = true;
+        CHECK(std::string(e.argument()) == "lse");
+      }
+      if (!last_differs) CHECK_FALSE(refused);  // the same keys: the same sums
+      unit_differs += last_differs;
+      unit_refused += refused;
+    }
+    sh::host::observe_queries(policy, keys, with_lse.model.layer(0), queries, lse_given, options);
     sh::host::observe_queries(policy, keys, without.model.layer(0), queries, {}, options);
     for (const model_holder* other : {&with_lse, &without}) {
       INFO((other == &with_lse ? "lse given" : "no lse"));
@@ -236,6 +259,8 @@ void run_window_case(const window_case& wc) {
   // Eviction made holes inside windows: a window by slot would have
   // shown those queries other keys.
   if (wc.window > 0) CHECK(holes_in_window > 20);
+  INFO(unit_refused << " of " << unit_differs << " sampled calls whose window by slot differs were refused");
+  if (wc.window > 0) CHECK(unit_refused > 0);
 }
 
 }  // namespace

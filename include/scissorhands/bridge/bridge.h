@@ -224,6 +224,13 @@ struct queries {
 // default): a present lse with `unspecified` is refused (invalid_argument).
 enum class lse_base { unspecified, natural, base2 };
 
+// What observe_queries checks of a given lse (lse_check in the C++20
+// headers): sampled queries' exp(logit - lse) over their keys must sum to
+// 1 within 5% (sums_to_one), or stay at or below it (at_most_one: the
+// kernel's softmax had terms outside the cache, such as attention sinks);
+// none turns the check off.
+enum class lse_check { sums_to_one, at_most_one, none };
+
 // The attention kernel's log-sum-exp of the scaled logits (lse_view). data
 // null: the library computes the normaliser itself (one more read of K).
 // A ragged lse must name the queries' qo_indptr array (the same pointer).
@@ -235,6 +242,7 @@ struct lse {
   std::int64_t head_stride = 0;
   std::int64_t query_stride = 0;
   const std::int32_t* qo_indptr = nullptr;
+  lse_check check = lse_check::sums_to_one;
 
   // [batch][q_heads][q_len] (FlashAttention)
   static constexpr lse dense(const float* data, std::size_t size, std::int32_t q_heads, std::int32_t q_len,

@@ -223,6 +223,10 @@ inline attention_options<memory_space::host> view_of(const attention& a) {
   return o;
 }
 
+static_assert(static_cast<int>(lse_check::sums_to_one) == static_cast<int>(scissorhands::lse_check::sums_to_one) &&
+                  static_cast<int>(lse_check::at_most_one) == static_cast<int>(scissorhands::lse_check::at_most_one) &&
+                  static_cast<int>(lse_check::none) == static_cast<int>(scissorhands::lse_check::none),
+              "bridge::lse_check mirrors scissorhands::lse_check value for value");
 inline lse_view<memory_space::host> view_of(const lse& l, std::int32_t batch) {
   return {host_span<const float>(l.data, l.size),
           l.base == lse_base::base2     ? scissorhands::lse_base::base2
@@ -231,7 +235,9 @@ inline lse_view<memory_space::host> view_of(const lse& l, std::int32_t batch) {
           l.sequence_stride,
           l.head_stride,
           l.query_stride,
-          per_sequence(l.qo_indptr, entries_plus_one(batch))};
+          per_sequence(l.qo_indptr, entries_plus_one(batch)),
+          // Same values in both enums; an unknown one stays unknown and is refused.
+          static_cast<scissorhands::lse_check>(l.check)};
 }
 
 inline probability_view<memory_space::host> view_of(const probabilities& p, std::int32_t batch) {

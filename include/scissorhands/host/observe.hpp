@@ -856,6 +856,125 @@ void validate_new_tokens(const char* fn, const View& cache, const eviction_state
   }
 }
 
+// How far a sampled query's sum of exp(logit - lse) over its keys may
+// stray from 1 before observe_queries refuses the LSE (lse_check). Wide
+// enough for a kernel that rounds Q or K to 16 bits before its dot
+// products; a base mislabel (each term off by e^(0.31 lse)) once lse
+// passes about 0.2, a forgotten softmax_scale or window, or heads that
+// do not match the data fall far outside it.
+inline constexpr double lse_sum_tolerance = 0.05;
+// A row's queries between two sampled checks (besides its first observe):
+// a sampled call does about one more call's work, so one in 256 costs
+// about 0.5% of observe (bench/RESULTS.md).
+inline constexpr std::int64_t lse_check_interval = 256;
+
+// Whether a row that has observed `step` queries checks its LSE this call of `queries` more.
+constexpr bool lse_sampled(std::int64_t step, std::int32_t queries) {
+  return step == 0 || step / lse_check_interval != (step + queries) / lse_check_interval;
+}
+
+// The LSE against the keys it describes (lse_check), before anything is
+// written: for each sampled row, the last query of every query head sums
+// exp(logit - lse) over the keys it sees, with the call's attention
+// options, reading positions as admit will give them. A NaN sum (NaN
+// queries or keys) is left to the scores' NaN policy.
+template <class View, class Q>
+void validate_lse_sums(const char* fn, const View& cache, const eviction_state<memory_space::host>& state,
+                       const query_view<Q, memory_space::host>& queries, const lse_view<memory_space::host>& lse,
+                       float scale, const attention_options<memory_space::host>& options) {
+  if (!lse.present() || lse.check == lse_check::none) return;
+  const std::int32_t d = cache.head_dim;
+  const std::int32_t group = queries.q_heads / cache.kv_heads;
+  // Each K row is read once for the group, as the scoring pass reads it:
+  // within the scratch the group's queries as float rows and its dot
+  // products four heads at a time (dot_lanes_4); beyond it (a group x
+  // head_dim above query_scratch_floats) one element at a time.
+  const bool lanes = group * d <= query_scratch_floats && d <= key_scratch_floats;
+  const std::int32_t row_bytes = stored_row_bytes(cache);
+  float qf[query_scratch_floats];
+  float kf[key_scratch_floats];
+  float logits[max_group_size];
+  double norm[max_group_size];
+  double sum[max_group_size];
+  for (std::int32_t b = 0; b < cache.batch; ++b) {
+    const std::int32_t r = state.row(b), len = cache.length(b), q = queries.queries_of(b);
+    if (r < 0 || len == 0 || q == 0 || !lse_sampled(state.step[r], q)) continue;
+    const std::int32_t tracked = state.tracked[r], i = len - 1;  // the last query's own slot
+    for (std::int32_t h = 0; h < cache.kv_heads; ++h) {
+      const auto position = [&](std::int32_t t) {
+        return t < tracked ? std::int64_t{state.positions[state.row_index(r, h, t)]}
+                           : std::int64_t{state.next_position[r]} + (t - tracked);
+      };
+      std::int32_t first = 0;
+      if (options.window_left >= 0 && options.window_left_unit == window_unit::slots)
+        first = std::max(0, i - options.window_left);
+      const std::int64_t oldest = position(i) - options.window_left;
+      const bool by_position = options.window_left >= 0 && options.window_left_unit == window_unit::positions;
+      for (std::int32_t g = 0; g < group; ++g) {
+        norm[g] = lse.natural(b, h * group + g, q - 1);
+        sum[g] = 0.0;
+        if (lanes) {
+          const Q* qr = queries.row(b, h * group + g, q - 1);
+          for (std::int32_t x = 0; x < d; ++x) qf[static_cast<std::ptrdiff_t>(g) * d + x] = to_float(qr[x]);
+        }
+      }
+      std::int32_t keys = 0;
+      for (std::int32_t t = first; t <= i; ++t) {
+        if (by_position && position(t) < oldest) continue;
+        ++keys;
+        if (lanes) {
+          // A head's rows are a page or more apart: a tile ahead by hand, as the scoring pass does.
+          if (t + logit_tile <= i) prefetch_row(cache.k_row(b, h, t + logit_tile), row_bytes);
+          const float* k = key_as_float(cache, b, h, t, kf);
+          std::int32_t g = 0;
+          for (; g + 4 <= group; g += 4) dot_lanes_4<1>(qf + static_cast<std::ptrdiff_t>(g) * d, &k, d, logits + g);
+          for (; g < group; ++g) logits[g] = dot_lanes(qf + static_cast<std::ptrdiff_t>(g) * d, k, d);
+        } else {
+          if constexpr (is_quantized_view_v<View>) cache.dequantize_k(b, h, t, kf);
+          for (std::int32_t g = 0; g < group; ++g) {
+            const Q* qr = queries.row(b, h * group + g, q - 1);
+            float dot = 0.0f;
+            if constexpr (is_quantized_view_v<View>) {
+              for (std::int32_t x = 0; x < d; ++x) dot += to_float(qr[x]) * kf[x];
+            } else {
+              const auto* k = cache.k_row(b, h, t);
+              for (std::int32_t x = 0; x < d; ++x) dot += to_float(qr[x]) * to_float(k[x]);
+            }
+            logits[g] = dot;
+          }
+        }
+        for (std::int32_t g = 0; g < group; ++g) {
+          float logit = logits[g] * scale;
+          if (!options.alibi_slopes.empty()) logit += options.alibi_slopes[h * group + g] * static_cast<float>(t - i);
+          if (options.logits_soft_cap > 0.0f)
+            logit = options.logits_soft_cap * std::tanh(logit / options.logits_soft_cap);
+          sum[g] += std::exp(double{logit} - norm[g]);
+        }
+      }
+      for (std::int32_t g = 0; g < group; ++g) {
+        const bool too_high = sum[g] > 1.0 + lse_sum_tolerance;
+        const bool too_low = lse.check == lse_check::sums_to_one && sum[g] < 1.0 - lse_sum_tolerance;
+        if (too_high || too_low) [[unlikely]] {
+          // The same terms with the value read in the other base: near 1, the base is misnamed.
+          constexpr double ln_2 = 0.6931471805599453;
+          const bool base2 = lse.base == lse_base::base2;
+          const double given = base2 ? norm[g] / ln_2 : norm[g];  // the value as the engine wrote it
+          const double other_sum = sum[g] * std::exp(norm[g] - (base2 ? given : given * ln_2));
+          fail(fn, "lse", "value at (sequence ", b, ", query head ", h * group + g, ", query ", q - 1, ") is ",
+               given, base2 ? " (base 2)" : " (natural)", ", but exp(logit - lse) over the ", keys,
+               " keys that query sees sums to ", sum[g],
+               lse.check == lse_check::sums_to_one ? ", not 1" : ", above 1", " (tolerance ", lse_sum_tolerance,
+               "; read in the other base it would sum to ", other_sum,
+               "). Likely causes: lse.base names the wrong base, the attention_options do not match the "
+               "engine's kernel (softmax_scale, a sliding window and its unit, logits_soft_cap, ALiBi), or the "
+               "query or lse view's heads do not match the data. A softmax with terms outside the cache "
+               "(attention sinks) sets lse.check = lse_check::at_most_one");
+        }
+      }
+    }
+  }
+}
+
 // Largest element index + 1 a uniform view of `row` contiguous elements
 // per (sequence, head, query) reaches (both backends).
 inline std::int64_t reach_uniform(std::int64_t sequence_stride, std::int64_t head_stride, std::int64_t query_stride,
@@ -1107,6 +1226,10 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
       require(lse.base == lse_base::natural || lse.base == lse_base::base2, fn, "lse.base",
               "must be named: lse_base::natural (FlashAttention) or lse_base::base2 (FlashInfer), got ",
               lse.base == lse_base::unspecified ? "unspecified" : "an unknown value");
+      require(lse.check == lse_check::sums_to_one || lse.check == lse_check::at_most_one ||
+                  lse.check == lse_check::none,
+              fn, "lse.check", "must be lse_check::sums_to_one, at_most_one or none, got ",
+              static_cast<int>(lse.check));
       require(lse.qo_indptr.data() == queries.qo_indptr.data() &&
                           lse.qo_indptr.size() == queries.qo_indptr.size(),
               fn, "lse.qo_indptr", "must be the queries' qo_indptr (both ragged over one array, or neither)");
@@ -1129,11 +1252,12 @@ auto plan_observe_queries(const char* fn, const Policy& policy, View cache, evic
   }
   if constexpr (Obs::needs_attention) validate_new_tokens(fn, cache, state, queries);
   validate_new_key_params<Policy>(fn, cache, state);
+  const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
+  if constexpr (Obs::needs_attention) validate_lse_sums(fn, cache, state, queries, lse, scale, options);
   admit(policy, cache, state);
   if constexpr (Obs::needs_attention) advance_steps(cache, state, queries);
   // One unit per (sequence, KV head) pair.
   const std::int64_t units = Obs::needs_attention ? std::int64_t{cache.batch} * cache.kv_heads : 0;
-  const float scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
   return work_plan(fn, [=](std::int64_t first_unit, std::int64_t end_unit, std::int32_t) {
     if constexpr (Obs::needs_attention) {
       const std::int32_t group = queries.q_heads / cache.kv_heads;

@@ -166,6 +166,12 @@ void validate_queries(const char* fn, const View& cache, const query_view<Q, mem
     require(lse.base == lse_base::natural || lse.base == lse_base::base2, fn, "lse.base",
             "must be named: lse_base::natural (FlashAttention) or lse_base::base2 (FlashInfer), got ",
             lse.base == lse_base::unspecified ? "unspecified" : "an unknown value");
+    // The device does not check the sums yet (lse_check), but a value the
+    // host would refuse is refused here too.
+    require(lse.check == lse_check::sums_to_one || lse.check == lse_check::at_most_one ||
+                lse.check == lse_check::none,
+            fn, "lse.check", "must be lse_check::sums_to_one, at_most_one or none, got ",
+            static_cast<int>(lse.check));
   }
 }
 
