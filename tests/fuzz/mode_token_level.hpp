@@ -499,16 +499,9 @@ class layers_case {
   // before them are admitted by the call only before the row's first query.
   bool steps_ok(std::int32_t l, const call_rows& rc, std::int32_t q_len) {
     const auto st = layer(l);
-    for (std::int32_t b = 0; b < shape_.batch; ++b) {
-      const std::int32_t r = rc.used[static_cast<std::size_t>(b)], len = table_.length(b);
-      if (r < 0 || len == 0 || q_len <= 0 || q_len > len) continue;
-      const std::int32_t tracked = st.tracked[r], first = len - q_len;
-      // Beyond the state's capacity: refused elsewhere (and its slots are not there to read).
-      if (tracked < 0 || tracked > len || len > st.shape.capacity) continue;
-      if (first > tracked && st.step[r] != 0) return false;
-      for (std::int32_t t = first; t < tracked; ++t)
-        if (st.observed[st.row_index(r, 0, t)] != 0.0f) return false;
-    }
+    for (std::int32_t b = 0; b < shape_.batch; ++b)
+      if (!row_steps_ok(st, st.shape.rows, rc.used[static_cast<std::size_t>(b)], table_.length(b), q_len))
+        return false;
     return true;
   }
 

@@ -290,6 +290,22 @@ bool is_protected(std::int32_t position, std::int32_t next_position, const sh::s
   return std::int64_t{position} >= std::int64_t{next_position} - s.recent || position < s.sinks;
 }
 
+// The observe-step invariant for one sequence, as observe checks it
+// (host::detail::validate_new_tokens): row r of `st` (of `rows` rows), a
+// cache length `len` and `n` queries. True where the library accepts, or
+// refuses first for another reason (a row, count or length out of range:
+// their slots are not there to read).
+template <class State>
+bool row_steps_ok(const State& st, std::int32_t rows, std::int32_t r, std::int32_t len, std::int32_t n) {
+  if (r < 0 || r >= rows || len <= 0 || n <= 0 || n > len) return true;
+  const std::int32_t tracked = st.tracked[r], first = len - n;
+  if (tracked < 0 || tracked > len || len > st.shape.capacity) return true;
+  if (first > tracked && st.step[r] != 0) return false;  // more new tokens than queries after the first call
+  for (std::int32_t t = first; t < tracked; ++t)
+    if (st.observed[st.row_index(r, 0, t)] != 0.0f) return false;  // a query already observed
+  return true;
+}
+
 // A shared slot's score (docs/design.md, "Granularity"): the eviction scores
 // of its heads (or the per-layer results) reduced in order: mean_score sums
 // then divides once; max_score takes the largest, NaN when any is NaN.
