@@ -18,6 +18,9 @@
 //          (quantized_kv_view, groups of 32), K dequantized on the fly: K
 //          counted as its codes plus its fp32 group parameters (136 and 72
 //          bytes per row at head_dim 128).
+// observe_queries_lse_checked_every_call / _unchecked: observe_queries_lse
+//          with the LSE's sums checked on every call / never (lse_check):
+//          the cost of one sampled call, and the baseline.
 // items = (sequence, KV head, token) triples observed.
 // Each timed step observes the last token as a new one (rewind_last_token):
 // admitted, then scored with the others, as a decode step's token is.
@@ -131,14 +134,23 @@ constexpr sh::kv_quantization quantization_of() {
   return {std::is_same_v<T, int8_storage> ? sh::quant_kind::int8 : sh::quant_kind::int4, 32};
 }
 
+// What an observe_queries benchmark hands over: no LSE (the library's own
+// normaliser), the kernel's LSE with its sums checked on sampled calls (the
+// default lse_check: a row's first call and one in 256, so a run of fewer
+// timed calls may see none), the same LSE checked on every call (each
+// row's step counter zeroed first, so every call is a row's first: what
+// one sampled call costs), or unchecked (lse_check::none: the baseline).
+enum class lse_passed { none, checked, checked_every_call, unchecked };
+
 // T: how the cache is stored: float, an engine's bf16 (the layer's K and V
 // rounded to it; the library reads it through element_traits), or int8 /
 // int4 codes with group parameters (a quantized_kv_view). group_size:
 // query heads per KV head (the fixture's `group`; observe_queries_gqa
 // also 3).
 template <class T>
-void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, bool with_lse,
+void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t length, lse_passed passed,
                      std::int32_t threads, std::int32_t group_size) {
+  const bool with_lse = passed != lse_passed::none;
   const std::int32_t heads = group_size * kv_heads;  // query heads
   const auto policy = scissorhands_with(1);
   layer l = make_layer(policy, batch, length);
@@ -199,10 +211,13 @@ void observe_queries(benchmark::State& st, std::int32_t batch, std::int32_t leng
   sh::lse_view<sh::memory_space::host> lse{};
   if (with_lse) lse = sh::lse_view<sh::memory_space::host>::dense(
                     sh::host_span<const float>(lse_data.data(), lse_data.size()), heads, 1, sh::lse_base::natural);
+  if (passed == lse_passed::unchecked) lse.check = sh::lse_check::none;
   sh::host::observe_queries(policy, cache, l.state, queries, lse);  // admits every token, untimed
   slice_pool workers(std::max(threads, 1));
   for (auto _ : st) {
     rewind_last_token(l);
+    if (passed == lse_passed::checked_every_call)
+      for (std::int32_t b = 0; b < batch; ++b) l.state.step[b] = 0;
     if (threads == 0)
       sh::host::observe_queries(policy, cache, l.state, queries, lse);
     else
@@ -251,21 +266,30 @@ void register_observe() {
       const std::string shape = "/batch:" + std::to_string(batch) + "/B:" + std::to_string(length);
       benchmark::RegisterBenchmark(("observe_probabilities" + shape).c_str(), observe_probabilities, batch, length, 0)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries<float>, batch, length, true,
+      benchmark::RegisterBenchmark(("observe_queries_lse" + shape).c_str(), observe_queries<float>, batch, length,
+                                   lse_passed::checked,
                                    0, group)
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length, false,
+      benchmark::RegisterBenchmark(("observe_queries" + shape).c_str(), observe_queries<float>, batch, length,
+                                   lse_passed::none,
                                    0, group)
           ->Unit(benchmark::kMicrosecond);
       if (length == 2048) {
+        // The LSE's sums check (lse_check) on every call, and no check, against observe_queries_lse.
+        benchmark::RegisterBenchmark(("observe_queries_lse_checked_every_call" + shape).c_str(),
+                                     observe_queries<float>, batch, length, lse_passed::checked_every_call, 0, group)
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("observe_queries_lse_unchecked" + shape).c_str(), observe_queries<float>, batch,
+                                     length, lse_passed::unchecked, 0, group)
+            ->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("observe_queries_lse_bf16" + shape).c_str(), observe_queries<bench_bf16>, batch,
-                                     length, true, 0, group)
+                                     length, lse_passed::checked, 0, group)
             ->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("observe_queries_lse_int8" + shape).c_str(), observe_queries<int8_storage>,
-                                     batch, length, true, 0, group)
+                                     batch, length, lse_passed::checked, 0, group)
             ->Unit(benchmark::kMicrosecond);
         benchmark::RegisterBenchmark(("observe_queries_lse_int4" + shape).c_str(), observe_queries<int4_storage>,
-                                     batch, length, true, 0, group)
+                                     batch, length, lse_passed::checked, 0, group)
             ->Unit(benchmark::kMicrosecond);
       }
     }
@@ -279,7 +303,8 @@ void register_observe() {
 void register_observe_groups() {
   for (std::int32_t g : {3, 4}) {
     const std::string shape = "/batch:1/B:2048/group:" + std::to_string(g);
-    benchmark::RegisterBenchmark(("observe_queries_gqa" + shape).c_str(), observe_queries<float>, 1, 2048, false, 0, g)
+    benchmark::RegisterBenchmark(("observe_queries_gqa" + shape).c_str(), observe_queries<float>, 1, 2048, lse_passed::none,
+                                 0, g)
         ->Unit(benchmark::kMicrosecond);
   }
 }
@@ -293,7 +318,7 @@ void register_observe_threads() {
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("observe_queries_lse_threads" + shape).c_str(), observe_queries<float>, batch, 2048,
-                                   true, threads, group)
+                                   lse_passed::checked, threads, group)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
