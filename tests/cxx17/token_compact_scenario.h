@@ -11,6 +11,8 @@
 
 #include <scissorhands/bridge/bridge.h>
 
+#include "selection_memory.h"
+
 namespace cxx17_compact {
 
 inline constexpr std::int32_t layers = 2;
@@ -49,15 +51,7 @@ struct kv_memory {
   scissorhands::bridge::fp16_bits* v_f16;
 };
 
-// select's outputs, as raw pointers ([batch], [batch * stride]).
-struct selection_memory {
-  std::int32_t stride;
-  std::int32_t* counts;
-  std::int32_t* slots;
-  std::int32_t* cache_slots;
-  std::int32_t* new_lengths;
-  std::int32_t* freed_pages;
-};
+using cxx17_cells::selection_memory;
 
 // The C++20 TU's direct calls into scissorhands::host (K/V as a page-size-1
 // paged_kv_view over the step's table, select on a token_table_view). Each

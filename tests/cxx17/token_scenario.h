@@ -10,6 +10,8 @@
 
 #include <scissorhands/bridge/bridge.h>
 
+#include "selection_memory.h"
+
 namespace cxx17_tokens {
 
 inline constexpr std::int32_t layers = 3;
@@ -36,15 +38,7 @@ struct step_memory {
   std::size_t model_bytes;
 };
 
-// select's outputs, as raw pointers ([batch], [batch * stride]).
-struct selection_memory {
-  std::int32_t stride;
-  std::int32_t* counts;
-  std::int32_t* slots;
-  std::int32_t* cache_slots;
-  std::int32_t* new_lengths;
-  std::int32_t* freed_pages;
-};
+using cxx17_cells::selection_memory;
 
 // One layer's observe_queries inputs, as raw pointers: the engine's K cells
 // ([cell][kv_head][head_dim], page size 1, the step's table as the page
